@@ -1,0 +1,37 @@
+"""Keys every experiment shares, so scripts and users can rely on them.
+
+  seed, mesh.{data,fsdp,tensor}, train.{num_steps, log_every, eval_every, checkpoint_every,
+  keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches}, optimizer.*, model.*, data.*
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  # Device mesh: -1 = all remaining devices. Data parallelism by default.
+  config.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'tensor': 1})
+
+  config.train = ml_collections.ConfigDict()
+  config.train.num_steps = 10_000
+  config.train.log_every = 100
+  config.train.eval_every = 1_000
+  config.train.checkpoint_every = 1_000
+  config.train.keep_checkpoints = 3
+  config.train.max_minutes = 0.0     # stop (and evaluate) after this wall time; 0 = no limit
+  config.train.max_nonfinite = 10    # consecutive skipped non-finite steps before giving up
+  config.train.eval_max_batches = 0  # 0 = the whole validation set
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.schedule = 'rsqrt'
+  config.optimizer.warmup_steps = 1_000
+  config.optimizer.decay_steps = 10_000
+  config.optimizer.end_learning_rate = 0.0
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.98
+  config.optimizer.eps = 1e-9
+  config.optimizer.weight_decay = 0.0
+  config.optimizer.grad_clip_norm = 1.0
+  return config

@@ -1,0 +1,123 @@
+"""Residual blocks and layer stacks shared by the encoder-decoder, GPT and BERT.
+
+One block class covers every layer in the family: self-attention, optional cross-attention,
+feed-forward, each wrapped as a residual sublayer in Pre-LN or Post-LN form:
+  Post-LN (Vaswani et al. 2017, BERT):  x = norm(x + dropout(f(x)))
+  Pre-LN  (GPT-2, T5, LLaMA):           x = x + dropout(f(norm(x)))   (+ a final norm)
+Pre-LN keeps an identity path from input to output, which is why deep stacks train without
+warmup tricks; Post-LN normalises the sum and needs warmup but often ends slightly better.
+"""
+
+from typing import Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax.attention import MultiHeadAttention
+from transformer_jax.embedding import Embed
+from transformer_jax.feedforward import FeedForward
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.normalization import make_norm
+from transformer_jax.position import AbsolutePositionEmbedding, RelativePositionBias
+
+ACTIVATION_AXES = ('batch', 'length', 'embed')
+
+
+class TransformerBlock(nn.Module):
+  """Self-attention (+ cross-attention) + feed-forward, each a residual sublayer."""
+  cfg: TransformerConfig
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x, encoded=None, *, self_mask=None, cross_mask=None, bias_fn=None,
+               positions=None, deterministic: bool = True):
+    cfg = self.cfg
+
+    def residual(x, sublayer: Callable, name: str):
+      norm = make_norm(cfg, f'{name}_norm')
+      dropout = nn.Dropout(cfg.dropout_rate, name=f'{name}_dropout')
+      if cfg.norm_position == 'pre':
+        x = x + dropout(sublayer(norm(x)), deterministic=deterministic)
+      else:
+        x = norm(x + dropout(sublayer(x), deterministic=deterministic))
+      return nn.with_logical_constraint(x, ACTIVATION_AXES)
+
+    x = residual(x, lambda h: MultiHeadAttention(cfg, name='self_attention')(
+        h, mask=self_mask, bias_fn=bias_fn, positions=positions, deterministic=deterministic),
+        'self_attention')
+    if self.cross_attention:
+      x = residual(x, lambda h: MultiHeadAttention(cfg, name='cross_attention')(
+          h, encoded, mask=cross_mask, deterministic=deterministic), 'cross_attention')
+    return residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic),
+                    'mlp')
+
+
+class TransformerStack(nn.Module):
+  """`num_layers` blocks; a shared T5 relative bias if configured; a final norm for Pre-LN."""
+  cfg: TransformerConfig
+  num_layers: int
+  causal: bool
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x, encoded=None, *, self_mask=None, cross_mask=None, positions=None,
+               deterministic: bool = True):
+    cfg = self.cfg
+    bias_fn = None
+    if cfg.position == 'relative':
+      # One bias table per stack, shared by its layers (as in T5); attention calls it once it
+      # knows the key positions (in decode mode: the whole cache).
+      bias_fn = RelativePositionBias(
+          cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
+          bidirectional=not self.causal, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          name='relative_bias')
+    for i in range(self.num_layers):
+      x = TransformerBlock(cfg, self.cross_attention, name=f'layer_{i}')(
+          x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias_fn=bias_fn,
+          positions=positions, deterministic=deterministic)
+    if cfg.norm_position == 'pre':
+      x = make_norm(cfg, 'final_norm')(x)
+    return x
+
+
+class InputEmbedding(nn.Module):
+  """tokens -> embedding (x sqrt(D) if configured) + absolute positions -> (norm) -> dropout."""
+  cfg: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, tokens, positions, *, extra=None, deterministic: bool = True):
+    cfg = self.cfg
+    x = self.embed(tokens)
+    if cfg.scale_embeddings:
+      x = x * jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
+    if cfg.position in ('sinusoidal', 'learned'):
+      x = AbsolutePositionEmbedding(cfg.position, cfg.max_len, cfg.dtype, cfg.param_dtype,
+                                    name='position_embedding')(x, positions)
+    if extra is not None:  # e.g. BERT's segment embeddings
+      x = x + extra
+    if cfg.embedding_norm:
+      x = make_norm(cfg, 'embedding_norm')(x)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return nn.with_logical_constraint(x, ACTIVATION_AXES)
+
+
+class StepPositions(nn.Module):
+  """Positions of this call's tokens: 0..T-1, or in decode mode the next T after the cache.
+
+  In decode mode the counter lives in the 'cache' collection (a scalar, shared by every row
+  and beam), so positional encodings, rotary angles and cache writes all agree.
+  """
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, length: int) -> jnp.ndarray:
+    if not self.cfg.decode:
+      return jnp.arange(length)
+    initialised = self.has_variable('cache', 'position')
+    counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+    if not initialised:  # the allocating call of a decode-mode init
+      return jnp.arange(length)
+    start = counter.value
+    counter.value = start + length
+    return start + jnp.arange(length)

@@ -1,0 +1,1 @@
+"""Data: reading corpora, tokenizers, and batch iterators whose position can be saved."""

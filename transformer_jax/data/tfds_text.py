@@ -1,0 +1,105 @@
+"""Loading text corpora from TensorFlow Datasets (TFDS) as lists of Python strings.
+
+TFDS is only used to fetch and read the corpora; tokenizing and batching happen
+in NumPy like for the plain-text files. `tensorflow_datasets` is imported inside
+the functions because importing TensorFlow takes seconds, and most runs (toy
+corpus, text files) never need it.
+"""
+
+from typing import Any
+
+from absl import logging
+
+from transformer_jax.errors import DataError
+
+# Examples are read in batches: TF's per-element overhead dominates otherwise.
+_READ_BATCH = 1024
+
+
+def _load(name: str, split: str, data_dir: str | None, max_examples: int | None) -> Any:
+  """Returns the tf.data.Dataset of a TFDS split, turning failures into a DataError."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  if max_examples is not None and max_examples < 1:
+    raise DataError(f'max_examples must be positive or None, got {max_examples}')
+  try:
+    dataset = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
+  except tfds.core.registered.DatasetNotFoundError:
+    # TFDS's own message lists every dataset it knows: far too long for one line.
+    raise DataError(f'TFDS has no dataset named {name!r}; check the spelling, e.g. '
+                    "'wmt14_translate/de-en' or 'lm1b'") from None
+  except Exception as e:  # pylint: disable=broad-except
+    # Downloading and preparing can fail in many ways (no network, missing files,
+    # unknown split, missing optional packages); all need the same advice.
+    reason = (str(e).strip().splitlines() or [''])[0][:300]
+    raise DataError(
+        f'cannot load TFDS dataset {name!r} split {split!r} from data_dir='
+        f'{data_dir or "the TFDS default (~/tensorflow_datasets)"}: {type(e).__name__}: '
+        f'{reason}. If this machine is offline, run `tfds build {name} --data_dir=DIR` on one '
+        'with internet, copy DIR here and set data_dir to it') from e
+  if max_examples is not None:
+    dataset = dataset.take(max_examples)
+  return dataset
+
+
+def _read_string_features(dataset: Any, features: list[str], name: str) -> list[list[str]]:
+  """Returns one list of decoded strings per feature, in dataset order."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  available = sorted(dataset.element_spec) if isinstance(dataset.element_spec, dict) else []
+  missing = [f for f in features if f not in available]
+  if missing:
+    raise DataError(f'TFDS dataset {name!r} has no feature {missing[0]!r}; it has '
+                    f'{available}. Check the language codes or the feature name')
+  columns: list[list[str]] = [[] for _ in features]
+  for batch in tfds.as_numpy(dataset.batch(_READ_BATCH)):
+    for column, feature in zip(columns, features):
+      try:
+        column.extend(value.decode('utf-8') for value in batch[feature])
+      except UnicodeDecodeError as e:
+        raise DataError(f'TFDS dataset {name!r} feature {feature!r} holds text that is not '
+                        f'valid UTF-8 ({e})') from None
+  return columns
+
+
+def load_tfds_parallel(name: str, split: str, src_lang: str, tgt_lang: str, *,
+                       data_dir: str | None = None,
+                       max_examples: int | None = None) -> tuple[list[str], list[str]]:
+  """Reads a TFDS translation corpus (e.g. 'wmt14_translate/de-en') as (source, target).
+
+  Each example is a dict with one string per language, e.g. {'de': ..., 'en': ...}.
+  Whitespace is stripped and pairs with an empty side are dropped, as for text files.
+  """
+  dataset = _load(name, split, data_dir, max_examples)
+  src, tgt = _read_string_features(dataset, [src_lang, tgt_lang], name)
+  src_kept, tgt_kept = [], []
+  for s, t in zip(src, tgt):
+    s, t = s.strip(), t.strip()
+    if s and t:
+      src_kept.append(s)
+      tgt_kept.append(t)
+  if len(src_kept) < len(src):
+    logging.info('%s[%s]: dropped %d pairs with an empty side', name, split,
+                 len(src) - len(src_kept))
+  if not src_kept:
+    raise DataError(f'TFDS dataset {name!r} split {split!r} has no {src_lang}-{tgt_lang} pair '
+                    'with text on both sides')
+  logging.info('read %d %s-%s pairs from TFDS %s[%s]', len(src_kept), src_lang, tgt_lang,
+               name, split)
+  return src_kept, tgt_kept
+
+
+def load_tfds_text(name: str, split: str, *, feature: str = 'text', data_dir: str | None = None,
+                   max_examples: int | None = None) -> list[str]:
+  """Reads one string feature of a TFDS corpus (e.g. 'lm1b'), dropping empty texts.
+
+  Texts are returned whole: for 'tiny_shakespeare' a split is a single long text,
+  which the caller cuts into training sequences.
+  """
+  dataset = _load(name, split, data_dir, max_examples)
+  (texts,) = _read_string_features(dataset, [feature], name)
+  kept = [text for text in texts if text.strip()]
+  if not kept:
+    raise DataError(f'TFDS dataset {name!r} split {split!r} has no non-empty {feature!r} text')
+  logging.info('read %d texts from TFDS %s[%s]', len(kept), name, split)
+  return kept

@@ -1,0 +1,34 @@
+"""Token embedding, usable in reverse (`attend`) as a tied output projection."""
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Embed(nn.Module):
+  """A (vocab, embed) table: `__call__` looks tokens up, `attend` scores vectors against it."""
+  num_embeddings: int
+  features: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  # std 1/sqrt(d): with the sqrt(d) input scaling of the original Transformer the embedded
+  # tokens have unit scale, and the tied output logits start near unit scale too.
+  stddev: float | None = None
+
+  def setup(self):
+    stddev = self.stddev if self.stddev is not None else self.features ** -0.5
+    self.embedding = self.param(
+        'embedding',
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=stddev), ('vocab', 'embed')),
+        (self.num_embeddings, self.features), self.param_dtype)
+
+  def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
+    # A gather, not a one-hot matmul: cheaper on CPU/GPU, and XLA shards it fine on TPU.
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+  def attend(self, x: jnp.ndarray) -> jnp.ndarray:
+    """Logits x @ E^T over the vocabulary, as one 2-D matmul."""
+    flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+    logits = flat @ self.embedding.astype(self.dtype).T
+    return logits.reshape(x.shape[:-1] + (self.num_embeddings,))

@@ -1,0 +1,118 @@
+"""One frozen config describes every model in the family.
+
+The original Transformer, T5, GPT-2, LLaMA and BERT differ in a handful of switches (where the
+norm goes, which norm, which position encoding, which activation, biases or not); the blocks read
+those switches, so one set of modules expresses them all.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from transformer_jax.errors import ConfigError
+
+NORM_TYPES = ('layernorm', 'rmsnorm')
+NORM_POSITIONS = ('pre', 'post')
+POSITION_TYPES = ('sinusoidal', 'learned', 'rotary', 'relative', 'none')
+ACTIVATIONS = ('relu', 'gelu', 'gelu_exact', 'silu', 'swiglu', 'geglu', 'reglu')
+ATTENTION_IMPLEMENTATIONS = ('auto', 'reference', 'chunked', 'xla', 'cudnn')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters shared by the encoder-decoder, GPT and BERT models."""
+  vocab_size: int = 8000
+  # Encoder-decoder only: a separate source vocabulary (None = shared with the target).
+  source_vocab_size: int | None = None
+  share_embeddings: bool = True     # source and target share one embedding table
+  tie_output: bool = True           # output logits use the (target) embedding matrix
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_kv_heads: int | None = None   # grouped-query attention; None = num_heads
+  head_dim: int | None = None       # None = emb_dim // num_heads
+  mlp_dim: int = 2048
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  max_len: int = 256
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  norm_type: str = 'layernorm'
+  norm_position: str = 'post'       # 'post' = original Transformer/BERT, 'pre' = GPT-2/T5
+  norm_epsilon: float = 1e-6
+  embedding_norm: bool = False      # BERT normalises the summed embeddings
+  position: str = 'sinusoidal'
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  rotary_base: float = 10000.0
+  activation: str = 'relu'
+  use_bias: bool = True
+  scale_embeddings: bool = True     # multiply token embeddings by sqrt(emb_dim)
+  attention_implementation: str = 'auto'
+  dtype: Any = jnp.float32          # compute dtype
+  param_dtype: Any = jnp.float32
+  decode: bool = False              # autoregressive decoding with a KV cache
+
+  def __post_init__(self):
+    self.validate()
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def qkv_dim(self) -> int:
+    return self.head_dim or self.emb_dim // self.num_heads
+
+  @property
+  def src_vocab_size(self) -> int:
+    return self.source_vocab_size or self.vocab_size
+
+  def validate(self) -> None:
+    """Raises ConfigError, with what to change, for inconsistent values."""
+    def check(ok, message):
+      if not ok:
+        raise ConfigError(f'model config: {message}')
+    for name in ('vocab_size', 'emb_dim', 'num_heads', 'mlp_dim', 'max_len'):
+      check(getattr(self, name) > 0, f'{name} must be positive, got {getattr(self, name)}')
+    check(self.num_encoder_layers >= 0 and self.num_decoder_layers >= 0,
+          'layer counts must be >= 0')
+    if self.head_dim is None:
+      check(self.emb_dim % self.num_heads == 0,
+            f'emb_dim={self.emb_dim} is not divisible by num_heads={self.num_heads}; '
+            'choose a width that is a multiple of the head count (or set head_dim)')
+    check(self.num_heads % self.kv_heads == 0,
+          f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.kv_heads}')
+    check(self.norm_type in NORM_TYPES, f'norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}')
+    check(self.norm_position in NORM_POSITIONS,
+          f'norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}')
+    check(self.position in POSITION_TYPES,
+          f'position must be one of {POSITION_TYPES}, got {self.position!r}')
+    check(self.activation in ACTIVATIONS,
+          f'activation must be one of {ACTIVATIONS}, got {self.activation!r}')
+    check(self.attention_implementation in ATTENTION_IMPLEMENTATIONS,
+          f'attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, '
+          f'got {self.attention_implementation!r}')
+    check(self.position != 'rotary' or self.qkv_dim % 2 == 0, 'rotary positions need an even head_dim')
+    check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
+          'dropout rates must be in [0, 1)')
+
+  def replace(self, **changes) -> 'TransformerConfig':
+    return dataclasses.replace(self, **changes)
+
+
+def model_config_from_dict(values: dict, **overrides) -> TransformerConfig:
+  """Builds a TransformerConfig from an ml_collections/dict section, naming unknown keys."""
+  values = dict(values)
+  values.update(overrides)
+  known = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(values) - known)
+  if unknown:
+    raise ConfigError(f'unknown model config key(s) {unknown}; known keys: {sorted(known)}')
+  for key in ('dtype', 'param_dtype'):
+    if isinstance(values.get(key), str):
+      if values[key] not in DTYPES:
+        raise ConfigError(f'model.{key} must be one of {sorted(DTYPES)}, got {values[key]!r}')
+      values[key] = DTYPES[values[key]]
+  return TransformerConfig(**values)

@@ -1,0 +1,79 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) for sequence-to-sequence tasks.
+
+    source tokens -> embed + positions -> encoder stack (bidirectional) --> encoded
+    target tokens (shifted right) -> embed + positions -> decoder stack (causal self-attention,
+        cross-attention to `encoded`) -> logits over the target vocabulary
+
+By config the same module is the original Transformer (Post-LN, sinusoidal, ReLU) or a T5-style
+model (Pre-RMSNorm, relative bias, gated GELU, no biases).
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax.attention import make_causal_mask, make_padding_mask
+from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
+from transformer_jax.dense import DenseGeneral
+from transformer_jax.embedding import Embed
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import TransformerConfig
+
+PAD_ID = 0
+
+
+def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID) -> jnp.ndarray:
+  """Decoder inputs: the targets delayed by one step, starting with `start_id` (teacher forcing)."""
+  start = jnp.full(targets.shape[:1] + (1,), start_id, targets.dtype)
+  return jnp.concatenate([start, targets[:, :-1]], axis=1)
+
+
+class EncoderDecoder(nn.Module):
+  cfg: TransformerConfig
+
+  def setup(self):
+    cfg = self.cfg
+    if cfg.share_embeddings and cfg.src_vocab_size != cfg.vocab_size:
+      raise ConfigError('share_embeddings=True needs source_vocab_size == vocab_size '
+                        f'(got {cfg.src_vocab_size} and {cfg.vocab_size})')
+    embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype, name=name)
+    self.target_embed = embed(cfg.vocab_size, 'target_embed')
+    self.source_embed = (self.target_embed if cfg.share_embeddings
+                         else embed(cfg.src_vocab_size, 'source_embed'))
+    # The encoder never decodes incrementally: it runs once per source sentence.
+    encoder_cfg = cfg.replace(decode=False)
+    self.encoder_input = InputEmbedding(encoder_cfg, self.source_embed)
+    self.encoder = TransformerStack(encoder_cfg, cfg.num_encoder_layers, causal=False)
+    self.decoder_positions = StepPositions(cfg)
+    self.decoder_input = InputEmbedding(cfg, self.target_embed)
+    self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=True)
+    if not cfg.tie_output:
+      self.logits_dense = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
+                                       dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+  def encode(self, inputs, *, deterministic: bool = True):
+    """inputs [B, S] (0 = padding) -> encoded [B, S, D]."""
+    valid = inputs != PAD_ID
+    x = self.encoder_input(inputs, jnp.arange(inputs.shape[1]), deterministic=deterministic)
+    return self.encoder(x, self_mask=make_padding_mask(valid, valid), deterministic=deterministic)
+
+  def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
+    """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source.
+
+    Training passes the whole shifted target; decode mode passes one token a call. Only the
+    causal mask is needed on the decoder side: targets are right-padded, so a real query
+    never sees a padded key, and padded queries carry no loss.
+    """
+    positions = self.decoder_positions(decoder_tokens.shape[1])
+    self_mask = None if self.cfg.decode else make_causal_mask(decoder_tokens.shape[1])
+    cross_mask = (inputs != PAD_ID)[:, None, None, :]
+    y = self.decoder_input(decoder_tokens, positions, deterministic=deterministic)
+    y = self.decoder(y, encoded, self_mask=self_mask, cross_mask=cross_mask, positions=positions,
+                     deterministic=deterministic)
+    logits = self.target_embed.attend(y) if self.cfg.tie_output else self.logits_dense(y)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits.astype(jnp.float32)
+
+  def __call__(self, inputs, targets, *, deterministic: bool = True):
+    """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]."""
+    encoded = self.encode(inputs, deterministic=deterministic)
+    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic)

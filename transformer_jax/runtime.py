@@ -1,0 +1,66 @@
+"""Process setup done before JAX is imported: the memory allocator.
+
+XLA:CPU allocates large scratch buffers every step. glibc returns blocks over 32 MB to the
+kernel on free, so each step page-faults them in again (measured: ~1.3 s of kernel time per
+step of a 6-layer 384-wide GPT). jemalloc told to retain memory avoids that; without it, glibc
+tunables that stop trimming fix the smaller cases.
+"""
+
+import os
+import sys
+
+JEMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libjemalloc.so.2',
+                  '/usr/lib/aarch64-linux-gnu/libjemalloc.so.2', '/usr/lib/libjemalloc.so.2',
+                  '/usr/local/lib/libjemalloc.so.2')
+JEMALLOC_CONF = 'retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1'
+GLIBC_TUNABLES = ('glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:'
+                  'glibc.malloc.trim_threshold=17179869184')
+_MARKER = 'TRANSFORMER_JAX_ALLOCATOR'
+
+
+def find_jemalloc() -> str | None:
+  return next((p for p in JEMALLOC_PATHS if os.path.exists(p)), None)
+
+
+def setup_allocator() -> None:
+  """Re-executes this process under jemalloc (or glibc tunables) once; no-op if already done.
+
+  Call it first thing in an entry point, before importing jax. Set
+  TRANSFORMER_JAX_ALLOCATOR=system to keep the default allocator.
+  """
+  choice = os.environ.get(_MARKER)
+  if choice:  # already re-executed, or the user chose
+    return
+  jemalloc = find_jemalloc()
+  env = dict(os.environ)
+  if jemalloc:
+    env['LD_PRELOAD'] = ':'.join(filter(None, [jemalloc, env.get('LD_PRELOAD')]))
+    env['MALLOC_CONF'] = env.get('MALLOC_CONF', JEMALLOC_CONF)
+    env[_MARKER] = 'jemalloc'
+  else:
+    env['GLIBC_TUNABLES'] = env.get('GLIBC_TUNABLES', GLIBC_TUNABLES)
+    env[_MARKER] = 'glibc-tunables'
+  sys.stdout.flush()
+  sys.stderr.flush()
+  try:
+    os.execve(sys.executable, [sys.executable] + _original_argv(), env)
+  except OSError:
+    os.environ[_MARKER] = 'system'
+
+
+def _original_argv() -> list[str]:
+  # `python -m pkg.mod args` arrives as sys.argv[0] = path of mod; re-run it as a module so
+  # relative imports and __main__ behave the same.
+  main = sys.modules.get('__main__')
+  spec = getattr(main, '__spec__', None)
+  if spec is not None and spec.name:
+    return ['-m', spec.name] + sys.argv[1:]
+  return sys.argv
+
+
+def allocator_description() -> str:
+  choice = os.environ.get(_MARKER, 'system')
+  return {'jemalloc': f'jemalloc ({find_jemalloc()}, MALLOC_CONF={os.environ.get("MALLOC_CONF")})',
+          'glibc-tunables': 'glibc malloc with GLIBC_TUNABLES (no jemalloc found; '
+                            'apt-get install libjemalloc2 for the best CPU step time)',
+          }.get(choice, 'system malloc (TRANSFORMER_JAX_ALLOCATOR=system)')

@@ -1,0 +1,85 @@
+"""The device mesh and the one table mapping logical axis names to mesh axes.
+
+Every parameter and activation is annotated with logical names ('batch', 'embed', 'heads', ...).
+`LOGICAL_AXIS_RULES` says which mesh axis each is split over; changing parallelism means
+changing the mesh shape in the config, never the model code.
+  data:   batch split across devices, params replicated (classic data parallelism)
+  fsdp:   batch split too, and params/optimizer state split along 'embed' (ZeRO-3 style)
+  tensor: heads, MLP and vocabulary split (Megatron-style tensor parallelism)
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from transformer_jax.errors import ConfigError
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# A mesh axis is used at most once per array: for an activation ('batch', 'length', 'embed'),
+# 'batch' takes data+fsdp first, so 'embed' stays unsplit there while weights split over fsdp.
+LOGICAL_AXIS_RULES = (
+    ('batch', ('data', 'fsdp')),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('kv_heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('vocab', 'tensor'),
+    ('length', None),
+    ('kv', None),
+    ('position', None),
+    ('relpos_buckets', None),
+)
+
+
+def mesh_shape(mesh_config: dict, num_devices: int) -> tuple[int, ...]:
+  """Resolves {'data': -1, 'fsdp': 1, 'tensor': 1} against the device count (-1 = the rest)."""
+  unknown = set(mesh_config) - set(MESH_AXES)
+  if unknown:
+    raise ConfigError(f'mesh: unknown axes {sorted(unknown)}; use {MESH_AXES}')
+  sizes = {axis: int(mesh_config.get(axis, 1)) for axis in MESH_AXES}
+  free = [a for a, s in sizes.items() if s == -1]
+  if len(free) > 1:
+    raise ConfigError(f'mesh: at most one axis may be -1, got {free}')
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  if any(s == 0 or s < -1 for s in sizes.values()) or num_devices % fixed:
+    raise ConfigError(f'mesh {sizes} does not fit {num_devices} devices: the product of the axis '
+                      'sizes must divide the device count (use -1 for "the rest")')
+  if free:
+    sizes[free[0]] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ConfigError(f'mesh {sizes} uses {fixed} devices but {num_devices} are present; '
+                      'set one axis to -1 or make the product equal the device count')
+  return tuple(sizes[a] for a in MESH_AXES)
+
+
+def make_mesh(mesh_config: dict | None = None, devices=None) -> Mesh:
+  devices = devices if devices is not None else jax.devices()
+  shape = mesh_shape(dict(mesh_config or {'data': -1}), len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  """How many ways the batch is split: a global batch must be a multiple of this."""
+  return mesh.shape['data'] * mesh.shape['fsdp']
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batches are split along their leading axis over data x fsdp."""
+  return NamedSharding(mesh, P(('data', 'fsdp')))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def tree_shardings(mesh: Mesh, boxed_abstract_tree, rules=LOGICAL_AXIS_RULES):
+  """NamedShardings for a pytree whose leaves are (abstract) `nn.LogicallyPartitioned` boxes.
+
+  Leaves without logical names (step counters, optimizer counts) are replicated.
+  """
+  specs = nn.get_partition_spec(boxed_abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
