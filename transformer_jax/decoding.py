@@ -1,4 +1,4 @@
-"""Model-agnostic autoregressive decoding: greedy search and beam search over a KV cache.
+"""Model-agnostic autoregressive decoding over a KV cache: greedy, beam search and sampling.
 
 The model is seen only through one function,
 
@@ -79,11 +79,13 @@ def gather_beams(tree: PyTree, beam_indices: jnp.ndarray, batch_size: int,
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: SelectFn, *,
-                 batch_size: int, max_len: int, start_id: int, eos_id: int) -> jnp.ndarray:
+                 batch_size: int, max_len: int, start_id: int | jnp.ndarray,
+                 eos_id: int) -> jnp.ndarray:
   """Feeds back one token per row per step until every row has emitted EOS or max_len is hit.
 
   Returns int32[B, max_len]. Rows that have finished keep running (shapes are static) but
-  their outputs are forced to PAD, so everything after EOS is PAD.
+  their outputs are forced to PAD, so everything after EOS is PAD. `start_id` is one id for
+  every row or int32[B] (a language model continues each row from its own last prompt token).
   """
   # Column 0 holds the start token so that step i always reads its input from column i.
   sequences = jnp.full((batch_size, max_len + 1), PAD_ID, jnp.int32).at[:, 0].set(start_id)
@@ -231,3 +233,83 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: 
   # Empty slots may hold leftovers of dead beams; make them plainly empty.
   sequences = jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID)
   return sequences[:, :, 1:], scores
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: temperature, then top-k, then top-p (nucleus), one token per step.
+
+
+def filter_logits(logits: jnp.ndarray, top_k: int | jnp.ndarray = 0,
+                  top_p: float | jnp.ndarray = 1.0) -> jnp.ndarray:
+  """Sets every token outside the top-k, then outside the nucleus, to -inf; float32 [..., V].
+
+  top_k: keep the k most likely tokens (0 = all). Ties go to the lower token id, as argmax.
+  top_p: of what top-k kept (renormalised), keep the smallest set of most likely tokens whose
+    probability mass reaches p (Holtzman et al. 2019); 1.0 = all. The most likely token always
+    survives, so something can always be sampled.
+  Both may be traced values, so changing them does not recompile a jitted sampler.
+  """
+  logits = jnp.asarray(logits, jnp.float32)
+  if isinstance(top_k, int) and top_k <= 0 and isinstance(top_p, (int, float)) and top_p >= 1.0:
+    return logits  # Nothing to filter: skip the sort.
+  vocab = logits.shape[-1]
+  # Work in rank order (most likely first); a stable sort breaks ties by token id.
+  order = jnp.argsort(-logits, axis=-1, stable=True)
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  rank = jnp.arange(vocab)
+  top_k = jnp.asarray(top_k)
+  keep = rank < jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  # Nucleus: keep a token while the mass of the more likely kept tokens is still below p.
+  probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+  cumulative = jnp.cumsum(probs, axis=-1)
+  mass_before = jnp.concatenate([jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1]],
+                                axis=-1)
+  keep = keep & ((mass_before < top_p) | (jnp.asarray(top_p) >= 1.0) | (rank == 0))
+  filtered = jnp.where(keep, sorted_logits, -jnp.inf)
+  # Back to token order: position `order[i]` holds sorted entry i.
+  return jnp.take_along_axis(filtered, jnp.argsort(order, axis=-1), axis=-1)
+
+
+def sampling_distribution(logits: jnp.ndarray, temperature: float | jnp.ndarray = 1.0,
+                          top_k: int | jnp.ndarray = 0,
+                          top_p: float | jnp.ndarray = 1.0) -> jnp.ndarray:
+  """The probabilities `sample` draws from: softmax(filter_logits(logits / T)); one-hot argmax
+  at temperature 0. For inspection and tests."""
+  logits = jnp.asarray(logits, jnp.float32)
+  greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
+  scaled = logits / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6)
+  probs = jax.nn.softmax(filter_logits(scaled, top_k, top_p), axis=-1)
+  return jnp.where(jnp.asarray(temperature) > 0, probs, greedy)
+
+
+def sample(tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array, *,
+           first_tokens: jnp.ndarray, max_len: int, temperature: float | jnp.ndarray = 1.0,
+           top_k: int | jnp.ndarray = 0, top_p: float | jnp.ndarray = 1.0,
+           eos_id: int | None = None) -> jnp.ndarray:
+  """Draws `max_len` tokens per row; returns int32[B, max_len].
+
+  `first_tokens` int32[B] is fed first (for a language model: the last prompt token, the rest
+  of the prompt being already in `cache`). Each step scales the logits by 1/temperature, keeps
+  the top-k and then the top-p tokens (`filter_logits`) and draws from what is left;
+  temperature 0 is greedy (argmax, exactly as `greedy_search`). With `eos_id`, a row stops
+  at its EOS and is PAD afterwards; without it every row runs the full budget.
+
+  The draw at step s uses fold_in(rng, s), so the same rng gives the same tokens, whatever
+  the loop's early stopping. `temperature`, `top_k` and `top_p` may be traced values.
+  """
+  first_tokens = jnp.asarray(first_tokens, jnp.int32)
+
+  def select_fn(logits, step):
+    logits = logits.astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1)
+    if isinstance(temperature, (int, float)) and temperature == 0:
+      return greedy  # Static greedy: no sort, no random draw.
+    scaled = logits / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6)
+    drawn = jax.random.categorical(jax.random.fold_in(rng, step),
+                                   filter_logits(scaled, top_k, top_p), axis=-1)
+    return jnp.where(jnp.asarray(temperature) > 0, drawn, greedy)
+
+  # -1 is no token id, so without an EOS no row ever finishes early.
+  return _decode_loop(tokens_to_logits, cache, select_fn, batch_size=first_tokens.shape[0],
+                      max_len=max_len, start_id=first_tokens,
+                      eos_id=-1 if eos_id is None else eos_id)

@@ -6,6 +6,7 @@ exit status 1, with no stack trace; anything else is a bug and keeps its traceba
 
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -28,10 +29,64 @@ def run(main, argv=None):
   try:
     return main(argv)
   except UserError as error:
-    logging.flush()
-    sys.stderr.write(f'error: {error}\n')
-    sys.stderr.flush()
-    sys.exit(1)
+    _exit_with_error(str(error))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """`app.run(..., flags_parser=parse_flags)`: bad config flags become one 'error:' line.
+
+  ml_collections raises plain exceptions for a `--config.key=value` override naming no key
+  and defers a config file that cannot be loaded to its first use; absl would print both
+  as stack traces. Other flag errors keep absl's one-line 'FATAL Flags parsing error'.
+  """
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  try:
+    remaining = app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError) as error:
+    # ml_collections: AttributeError(KeyError("'key'[\nDid you mean ...?]")).
+    inner = error
+    while inner.args and isinstance(inner.args[0], BaseException):
+      inner = inner.args[0]
+    message = str(inner.args[0]) if inner.args else ''
+    key = re.match(r"'([^']+)'", message)
+    overrides = [a.split('=', 1)[0] for a in argv[1:]
+                 if a.startswith('--') and '.' in a.split('=', 1)[0]]
+    named = [o for o in overrides if key and key.group(1) in o.lstrip('-').split('.')[1:]]
+    if not named:  # not an override naming a missing key: a bug, keep the traceback
+      raise
+    hint = ' '.join(message.splitlines()[1:])
+    _exit_with_error(f'{named[0]}: the config has no key {key.group(1)!r}'
+                     f'{"; " + hint if hint else ""} (check the spelling against the config '
+                     'file)')
+  except OSError as error:
+    _exit_with_error(f'cannot load the config: {_last_line(error)}')
+  for name in list(flags.FLAGS):
+    flag = flags.FLAGS[name]
+    if not flag.present:
+      continue
+    try:
+      path = config_flags.get_config_filename(flag)
+    except (TypeError, AttributeError, flags.Error):  # not a config-file flag
+      continue
+    try:
+      if flag.value is not None:
+        flag.value.keys()  # an unloadable config file raises on first use
+    except OSError as error:
+      _exit_with_error(f'--{name}={path} cannot be loaded: {_last_line(error)}')
+  return remaining
+
+
+def _last_line(error: BaseException) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def _exit_with_error(message: str):
+  logging.flush()
+  sys.stderr.write(f'error: {message}\n')
+  sys.stderr.flush()
+  sys.exit(1)
 
 
 def prepare_workdir(workdir: str | None) -> str:

@@ -49,6 +49,7 @@ class TransformerConfig:
   activation: str = 'relu'
   use_bias: bool = True
   scale_embeddings: bool = True     # multiply token embeddings by sqrt(emb_dim)
+  embed_init_std: float | None = None  # None = 1/sqrt(emb_dim); GPT-2 and BERT use 0.02
   attention_implementation: str = 'auto'
   dtype: Any = jnp.float32          # compute dtype
   param_dtype: Any = jnp.float32

@@ -8,6 +8,7 @@ changing the mesh shape in the config, never the model code.
   tensor: heads, MLP and vocabulary split (Megatron-style tensor parallelism)
 """
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -83,3 +84,14 @@ def tree_shardings(mesh: Mesh, boxed_abstract_tree, rules=LOGICAL_AXIS_RULES):
   """
   specs = nn.get_partition_spec(boxed_abstract_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+  """Activates `mesh` and the logical-axis rules for tracing and running jitted steps.
+
+  Inside, `nn.with_logical_constraint` on activations becomes a real sharding constraint
+  (under the legacy `with mesh:` flax silently skips them).
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield

@@ -46,6 +46,9 @@ class Task(Protocol):
   def evaluate(self, trainer: 'Trainer', params, step: int) -> dict[str, float]:
     """Extra evaluation (BLEU, samples) run after the eval loss; may return {}."""
 
+  # Optional: `count_tokens(batch) -> int`, the tokens a batch trains on (for tokens/s); the
+  # default counts non-padding ids in 'inputs' and 'targets'.
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -156,7 +159,7 @@ class Trainer:
     """Fresh parameters, created directly in their shards (never whole on one device)."""
     init = jax.jit(lambda rng: nn.meta.unbox(self._create_state(rng)),
                    out_shardings=self.state_shardings)
-    with self.mesh, nn.logical_axis_rules(self.rules):
+    with sharding.use_mesh(self.mesh, self.rules):
       return init(jax.random.key(int(self.config.seed)))
 
   def init_or_restore(self, data=None) -> TrainState:
@@ -170,6 +173,14 @@ class Trainer:
       data.set_state(data_state)
     logging.info('restored checkpoint at step %d from %s', step, self.checkpointer.directory)
     return state
+
+  def restore_params(self):
+    """Params of the latest good checkpoint, for inference; ConfigError if there is none."""
+    restored = self.checkpointer.restore(self.abstract_state)
+    if restored is None:
+      raise ConfigError(f'no checkpoint in {self.checkpointer.directory}: train first')
+    logging.info('loaded checkpoint at step %d', restored[2])
+    return restored[0].params
 
   def num_params(self) -> int:
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params)))
@@ -193,7 +204,7 @@ class Trainer:
   def evaluate(self, params, eval_batches: Iterator[Batch], max_batches: int = 0) -> dict:
     """Eval loss (NLL per scored token), accuracy and perplexity over the eval batches."""
     sums = []
-    with self.mesh, nn.logical_axis_rules(self.rules):
+    with sharding.use_mesh(self.mesh, self.rules):
       for i, batch in enumerate(eval_batches):
         if max_batches and i >= max_batches:
           break
@@ -245,15 +256,15 @@ class Trainer:
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
     previous_handlers = self._install_signal_handlers()
     iterator = iter(train_data)
+    token_counter = getattr(self.task, 'count_tokens', count_tokens)
     pending: list[Metrics] = []
-    tokens_since_log, consecutive_nonfinite, total_skipped = 0, 0, 0
+    tokens_since_log, consecutive_nonfinite, total_skipped, total_tokens = 0, 0, 0, 0
     start_time = last_log_time = time.time()
     first_step_time = None
     last_log_step = step
     final: dict[str, float] = {}
 
     def run_eval(step):
-      nonlocal final
       if eval_batches_fn is None:
         return
       eval_metrics = self.evaluate(state.params, eval_batches_fn(), eval_max_batches)
@@ -262,15 +273,17 @@ class Trainer:
       self.write_scalars(step, eval_metrics, 'eval')
       logging.info('eval at step %d: %s', step,
                    ', '.join(f'{k} {v:.4g}' for k, v in eval_metrics.items()))
-      final = {f'eval_{k}': v for k, v in eval_metrics.items()}
+      final.update({f'eval_{k}': v for k, v in eval_metrics.items()})
 
     try:
-      with self.mesh, nn.logical_axis_rules(self.rules):
+      with sharding.use_mesh(self.mesh, self.rules):
         while step < num_steps:
           batch = next(iterator)
           if step == last_log_step and not pending:
             self.check_batch(batch)
-          tokens_since_log += count_tokens(batch) * jax.process_count()
+          batch_tokens = token_counter(batch) * jax.process_count()
+          tokens_since_log += batch_tokens
+          total_tokens += batch_tokens
           state, metrics = self._train_step(state, self.to_global(batch))
           step += 1
           pending.append(metrics)
@@ -337,7 +350,9 @@ class Trainer:
       if self.writer is not None:
         self.writer.flush()
     self.state = state
-    final.update(step=step, minutes=(time.time() - start_time) / 60.0,
+    elapsed = time.time() - start_time
+    final.update(step=step, minutes=elapsed / 60.0, tokens=total_tokens,
+                 tokens_per_s=total_tokens / max(elapsed, 1e-9),
                  first_step_seconds=first_step_time or 0.0,
                  interrupted=bool(self._stop_requested))
     return final

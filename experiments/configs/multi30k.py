@@ -21,12 +21,14 @@ def get_config():
                            num_decoder_layers=3, dropout_rate=0.1, attention_dropout_rate=0.1))
   config.loss.label_smoothing = 0.1
   config.optimizer.learning_rate = 1e-3
-  config.optimizer.warmup_steps = 1_000
+  config.optimizer.warmup_steps = 800
   config.train.num_steps = 10_000
   config.train.log_every = 100
   config.train.eval_every = 2_000
-  config.train.checkpoint_every = 1_000
+  config.train.checkpoint_every = 250
+  config.train.keep_checkpoints = 6
   config.eval.beam_size = 4
   config.eval.alpha = 0.6
+  config.eval.average_last = 6
   config.eval.test_prefix = 'test_2016_flickr'
   return config

@@ -42,6 +42,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.eval.decode_rows = 64
   config.eval.bleu_sentences = 0      # validation sentences scored with BLEU; 0 = all
   config.eval.test_prefix = ''        # e.g. 'test_2016_flickr': BLEU on it after training
+  config.eval.average_last = 0        # >1: average the last k checkpoints if validation BLEU agrees
 
   config.optimizer.learning_rate = 1e-3
   config.optimizer.schedule = 'rsqrt'

@@ -35,7 +35,8 @@ class EncoderDecoder(nn.Module):
     if cfg.share_embeddings and cfg.src_vocab_size != cfg.vocab_size:
       raise ConfigError('share_embeddings=True needs source_vocab_size == vocab_size '
                         f'(got {cfg.src_vocab_size} and {cfg.vocab_size})')
-    embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype, name=name)
+    embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
+                                     stddev=cfg.embed_init_std, name=name)
     self.target_embed = embed(cfg.vocab_size, 'target_embed')
     self.source_embed = (self.target_embed if cfg.share_embeddings
                          else embed(cfg.src_vocab_size, 'source_embed'))

@@ -103,7 +103,7 @@ class TranslationTask:
     encoded = [self.src_tokenizer.encode(s)[:self.cfg.max_len - 1] + [EOS_ID] for s in sources]
     order = np.argsort([len(e) for e in encoded], kind='stable')
     outputs = [''] * len(sources)
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    with sharding.use_mesh(mesh):
       for start in range(0, len(order), rows):
         chunk = order[start:start + rows]
         longest = max(len(encoded[i]) for i in chunk)

@@ -1,0 +1,358 @@
+r"""Train-step speed of our GPT against a plain PyTorch eager GPT of the same shape, on CPU.
+
+  python benchmarks/train_step.py                 # baby and mid, 3 rounds (~5-6 min, 2 idle cores)
+  python benchmarks/train_step.py --rounds=5 --configs=mid
+
+What is timed: one full training update (forward, loss, backward, global-norm clip, AdamW) in
+fp32 with dropout 0. For JAX it is the real trainer's step (`trainer.make_train_step` over
+`tasks.lm.LanguageModelTask`, jitted with the trainer's shardings and donation); for PyTorch it
+is `benchmarks/torch_gpt.py` (eager, `scaled_dot_product_attention`, multi-tensor AdamW).
+
+Method, for a noisy machine: every measurement runs in a fresh subprocess; each round runs
+JAX then PyTorch for a config (A B A B ...); the first step (compilation) and `warmup` more
+steps are excluded; the JAX/PyTorch ratio is taken per round and the median reported. Each JAX
+run also times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
+
+Model FLOPs per trained token = 6 * N + 12 * L * T * D, N = non-embedding parameters, L layers,
+T block size, D width (Kaplan et al. 2020 / PaLM appendix B; the 12LTD attention term counts the
+full T x T score matrix, as those formulas do, although causal kernels may skip half of it).
+
+Last line of output: one JSON object with every figure.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+
+if __name__ == '__main__':
+  runtime.setup_allocator()  # before jax (or torch) allocates anything
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import importlib.util
+import json
+import resource
+import statistics
+import subprocess
+import time
+
+import numpy as np
+from absl import app, flags
+
+CONFIGS = {
+    'baby': dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, vocab_size=65),
+    'mid': dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16, vocab_size=65),
+}
+# (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
+DEFAULT_STEPS = {'baby': (5, 40), 'mid': (1, 4)}
+FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
+MATMUL_N = 2048
+
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds; each runs JAX then PyTorch per config.')
+_CONFIGS = flags.DEFINE_list('configs', ['baby', 'mid'], f'Configs to run, of {list(CONFIGS)}.')
+_STEPS = flags.DEFINE_list('steps', [], 'Per-config "name:warmup:timed" step counts, e.g. '
+                           f'mid:1:4 (defaults: {DEFAULT_STEPS}).')
+_TORCH = flags.DEFINE_bool('torch', True, 'Also time the PyTorch baseline (if torch is installed).')
+_TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads for PyTorch.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
+# Internal: a child process runs one variant ("jax-baby", "torch-mid", ...).
+_VARIANT = flags.DEFINE_string('variant', None, 'Internal: run one variant and print its JSON.')
+_WARMUP = flags.DEFINE_integer('warmup', None, 'Internal: warm-up steps for --variant.')
+_TIMED = flags.DEFINE_integer('timed_steps', None, 'Internal: timed steps for --variant.')
+
+
+def model_flops_per_token(non_embedding_params: int, spec: dict) -> float:
+  return (6.0 * non_embedding_params
+          + 12.0 * spec['n_layer'] * spec['block_size'] * spec['n_embd'])
+
+
+def _random_batches(spec: dict, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+  """A few fixed (inputs, targets) batches of uniform random tokens, cycled through."""
+  rng = np.random.default_rng(seed)
+  shape = (spec['batch_size'], spec['block_size'])
+  return [(rng.integers(0, spec['vocab_size'], shape, dtype=np.int32),
+           rng.integers(0, spec['vocab_size'], shape, dtype=np.int32)) for _ in range(count)]
+
+
+def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
+  """Runs first step, warm-up, timed steps; returns (state, timings dict, losses)."""
+  start = time.perf_counter()
+  state, loss = step(state, batches[0])
+  sync(loss)
+  first_step_s = time.perf_counter() - start
+  first_loss = float(loss)
+  for i in range(warmup):
+    state, loss = step(state, batches[(i + 1) % len(batches)])
+  sync((state, loss))
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  start = time.perf_counter()
+  for i in range(timed):
+    state, loss = step(state, batches[i % len(batches)])
+  sync((state, loss))
+  elapsed = time.perf_counter() - start
+  after = resource.getrusage(resource.RUSAGE_SELF)
+  return state, {
+      'first_step_s': first_step_s, 'seconds_per_step': elapsed / timed,
+      'minflt_per_step': (after.ru_minflt - usage.ru_minflt) / timed,
+      'majflt_per_step': (after.ru_majflt - usage.ru_majflt) / timed,
+      'peak_rss_mb': after.ru_maxrss / 1024.0,  # Linux reports KiB
+      'loss_first': first_loss, 'loss_last': float(loss)}
+
+
+def _best_seconds(fn, repeats: int = 5) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)  # the ceiling: noise only ever slows a run down
+
+
+def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  from transformer_jax import sharding
+  from transformer_jax.models.gpt import gpt2_config
+  from transformer_jax.optim import make_optimizer
+  from transformer_jax.trainer import TrainState, make_train_step
+
+  cfg = gpt2_config(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'],
+                    num_heads=spec['n_head'], mlp_dim=4 * spec['n_embd'],
+                    num_decoder_layers=spec['n_layer'], max_len=spec['block_size'],
+                    dropout_rate=0.0, attention_dropout_rate=0.0)
+  try:
+    from transformer_jax.tasks.lm import LanguageModelTask
+    task, loss_impl = LanguageModelTask(cfg), 'tasks.lm.LanguageModelTask'
+  except ImportError:
+    task, loss_impl = _LocalLMTask(cfg), 'local cross_entropy_sums'
+  # The trainer's optimizer (clip 1.0 + AdamW on matrices), as torch_gpt.make_optimizer.
+  tx, _ = make_optimizer(ml_collections.ConfigDict(dict(
+      learning_rate=3e-4, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
+      weight_decay=0.1, grad_clip_norm=1.0)))
+
+  def create_state(rng):
+    params = task.init_variables(rng)['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  # Jit exactly as `Trainer` does: shardings from the logical axes, donated state.
+  mesh, rules = sharding.make_mesh(None), sharding.LOGICAL_AXIS_RULES
+  state_shardings = sharding.tree_shardings(mesh, jax.eval_shape(create_state, jax.random.key(0)),
+                                            rules)
+  batch_sharding = sharding.batch_sharding(mesh)
+  train_step = jax.jit(make_train_step(task.loss_fn, tx, seed),
+                       in_shardings=(state_shardings, batch_sharding),
+                       out_shardings=(state_shardings, None), donate_argnums=(0,))
+  with sharding.use_mesh(mesh, rules):
+    state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
+                    out_shardings=state_shardings)(jax.random.key(seed))
+    non_embedding = sum(
+        x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+        if not any(getattr(k, 'key', None) in ('token_embed', 'position_embedding') for k in path))
+    batches = [{'inputs': jax.device_put(x, batch_sharding),
+                'targets': jax.device_put(y, batch_sharding)}
+               for x, y in _random_batches(spec, 4, seed)]
+
+    def step(state, batch):
+      state, metrics = train_step(state, batch)
+      return state, metrics['loss_mean']
+
+    _, result = _timed_loop(step, state, batches, warmup, timed, jax.block_until_ready)
+
+  a = jax.random.normal(jax.random.key(1), (MATMUL_N, MATMUL_N), jnp.float32)
+  b = jax.random.normal(jax.random.key(2), (MATMUL_N, MATMUL_N), jnp.float32)
+  matmul = jax.jit(lambda a, b: a @ b)
+  matmul(a, b).block_until_ready()
+  seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
+  result.update(non_embedding_params=int(non_embedding), loss_impl=loss_impl,
+                matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
+                jax_version=jax.__version__, backend=jax.default_backend())
+  return result
+
+
+class _LocalLMTask:
+  """Fallback for a tree without tasks/lm.py: GPT + mean next-token cross-entropy."""
+
+  def __init__(self, cfg):
+    from transformer_jax.models.gpt import GPT
+    self.cfg, self.model = cfg, GPT(cfg)
+
+  def init_variables(self, rng):
+    import jax.numpy as jnp
+    return self.model.init({'params': rng, 'dropout': rng}, jnp.ones((1, 8), jnp.int32))
+
+  def loss_fn(self, params, batch, rng, deterministic):
+    import jax.numpy as jnp
+    from transformer_jax.losses import cross_entropy_sums
+    rngs = None if deterministic else {'dropout': rng}
+    logits = self.model.apply({'params': params}, batch['inputs'], deterministic=deterministic,
+                              rngs=rngs)
+    _, nll, correct, weight = cross_entropy_sums(
+        logits, batch['targets'], jnp.ones(batch['targets'].shape, jnp.float32))
+    return nll / weight, {'loss': nll, 'correct': correct, 'weight': weight}
+
+
+def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
+  import torch
+  from benchmarks import torch_gpt
+
+  torch.set_num_threads(_TORCH_THREADS.value)
+  torch.manual_seed(seed)
+  model = torch_gpt.TorchGPT(torch_gpt.TorchGPTConfig(
+      vocab_size=spec['vocab_size'], block_size=spec['block_size'], n_layer=spec['n_layer'],
+      n_head=spec['n_head'], n_embd=spec['n_embd'], dropout=0.0))
+  model.train()
+  optimizer = torch_gpt.make_optimizer(model)
+  batches = [(torch.from_numpy(x).long(), torch.from_numpy(y).long())
+             for x, y in _random_batches(spec, 4, seed)]
+
+  def step(state, batch):
+    return state, torch_gpt.train_step(model, optimizer, *batch)
+
+  _, result = _timed_loop(step, None, batches, warmup, timed, lambda _: None)  # eager: synced
+  a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
+  torch.mm(a, b)
+  seconds = _best_seconds(lambda: torch.mm(a, b))
+  result.update(non_embedding_params=model.num_params(non_embedding=True),
+                torch_matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
+                torch_version=torch.__version__, torch_threads=torch.get_num_threads())
+  return result
+
+
+def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
+  framework, _, name = variant.partition('-')
+  if name not in CONFIGS or framework not in ('jax', 'torch'):
+    raise app.UsageError(f'--variant must be jax-NAME or torch-NAME with NAME in '
+                         f'{list(CONFIGS)}, got {variant!r}')
+  spec = CONFIGS[name]
+  run = run_jax if framework == 'jax' else run_torch
+  result = run(spec, warmup, timed, seed)
+  tokens = spec['batch_size'] * spec['block_size']
+  flops_per_step = model_flops_per_token(result['non_embedding_params'], spec) * tokens
+  seconds = result['seconds_per_step']
+  result.update(variant=variant, framework=framework, config=name, tokens_per_step=tokens,
+                warmup_steps=warmup, timed_steps=timed, ms_per_step=1000.0 * seconds,
+                tokens_per_s=tokens / seconds, model_flops_per_step=flops_per_step,
+                model_flops_per_s=flops_per_step / seconds,
+                allocator=runtime.allocator_description())
+  return result
+
+
+def _step_counts() -> dict[str, tuple[int, int]]:
+  counts = dict(DEFAULT_STEPS)
+  for item in _STEPS.value:
+    try:
+      name, warmup, timed = item.split(':')
+      counts[name] = (int(warmup), int(timed))
+    except ValueError:
+      raise app.UsageError(f'--steps entries look like mid:1:4, got {item!r}') from None
+    if name not in CONFIGS or counts[name][0] < 0 or counts[name][1] < 1:
+      raise app.UsageError(f'bad --steps entry {item!r}: config in {list(CONFIGS)}, '
+                           'warmup >= 0, timed >= 1')
+  return counts
+
+
+def _spawn(variant: str, warmup: int, timed: int) -> dict:
+  """Runs one variant in a fresh interpreter (same allocator env) and parses its JSON."""
+  command = [sys.executable, os.path.abspath(__file__), f'--variant={variant}',
+             f'--warmup={warmup}', f'--timed_steps={timed}', f'--seed={_SEED.value}',
+             f'--torch_threads={_TORCH_THREADS.value}']
+  proc = subprocess.run(command, capture_output=True, text=True, check=False)
+  if proc.returncode != 0:
+    sys.stderr.write(proc.stderr[-4000:])
+    raise RuntimeError(f'{variant} failed with exit code {proc.returncode}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(values: list[float]) -> float | None:
+  values = [v for v in values if v is not None]
+  return statistics.median(values) if values else None
+
+
+def _summarise(name: str, runs: dict[str, list[dict]]) -> dict:
+  """Medians over rounds per framework, and the median of the per-round speed ratios."""
+  summary = {}
+  for framework, results in runs.items():
+    if not results:
+      continue
+    keys = [k for k, v in results[0].items() if isinstance(v, (int, float))
+            and not isinstance(v, bool)]
+    summary[framework] = {k: _median([r.get(k) for r in results]) for k in keys}
+    summary[framework]['rounds'] = [
+        {k: r[k] for k in ('tokens_per_s', 'ms_per_step', 'first_step_s')} for r in results]
+  jax_runs, torch_runs = runs.get('jax', []), runs.get('torch', [])
+  if jax_runs and torch_runs:
+    ratios = [j['tokens_per_s'] / t['tokens_per_s'] for j, t in zip(jax_runs, torch_runs)]
+    summary['jax_over_torch_tokens_per_s'] = statistics.median(ratios)
+    summary['jax_over_torch_per_round'] = ratios
+  if jax_runs:
+    jax_summary = summary['jax']
+    jax_summary['model_flops_over_matmul'] = (jax_summary['model_flops_per_s']
+                                              / jax_summary['matmul_flops_per_s'])
+  summary['spec'] = CONFIGS[name]
+  return summary
+
+
+def _print_summary(name: str, s: dict):
+  for framework in ('jax', 'torch'):
+    if framework not in s:
+      continue
+    f = s[framework]
+    print(f'  {name:5s} {framework:5s}: {f["tokens_per_s"]:10,.0f} tok/s  '
+          f'{f["ms_per_step"]:9.1f} ms/step  {f["model_flops_per_s"] / 1e9:7.1f} GFLOP/s model'
+          f'  first step {f["first_step_s"]:5.1f} s  peak RSS {f["peak_rss_mb"]:7.0f} MB  '
+          f'{f["minflt_per_step"]:9.0f} minor faults/step')
+  if 'jax' in s:
+    print(f'  {name:5s} jax matmul {MATMUL_N}^2 fp32: {s["jax"]["matmul_flops_per_s"] / 1e9:.1f}'
+          f' GFLOP/s; model FLOP/s = {100 * s["jax"]["model_flops_over_matmul"]:.0f}% of it')
+  if 'jax_over_torch_tokens_per_s' in s:
+    per_round = ', '.join(f'{r:.2f}' for r in s['jax_over_torch_per_round'])
+    print(f'  {name:5s} JAX/PyTorch tokens/s: {s["jax_over_torch_tokens_per_s"]:.2f} '
+          f'(median of rounds: {per_round})')
+
+
+def main(argv):
+  del argv
+  if _VARIANT.value:
+    if _WARMUP.value is None or _TIMED.value is None:
+      raise app.UsageError('--variant needs --warmup and --timed_steps')
+    print(json.dumps(run_variant(_VARIANT.value, _WARMUP.value, _TIMED.value, _SEED.value)))
+    return
+  unknown = [c for c in _CONFIGS.value if c not in CONFIGS]
+  if unknown or _ROUNDS.value < 1:
+    raise app.UsageError(f'--configs must be among {list(CONFIGS)} (got {unknown}); '
+                         '--rounds >= 1')
+  counts = _step_counts()
+  with_torch = _TORCH.value and importlib.util.find_spec('torch') is not None
+  frameworks = ['jax'] + (['torch'] if with_torch else [])
+  print(f'allocator: {runtime.allocator_description()}')
+  print(f'PyTorch baseline: {"yes" if with_torch else "no (torch not installed or --notorch)"}; '
+        f'model FLOPs: {FLOPS_FORMULA}')
+  runs = {name: {f: [] for f in frameworks} for name in _CONFIGS.value}
+  start = time.time()
+  for r in range(_ROUNDS.value):
+    for name in _CONFIGS.value:
+      warmup, timed = counts[name]
+      for framework in frameworks:  # A B in every round: drift hits both alike
+        result = _spawn(f'{framework}-{name}', warmup, timed)
+        runs[name][framework].append(result)
+        print(f'round {r + 1}/{_ROUNDS.value} {framework:5s} {name:5s}: '
+              f'{result["tokens_per_s"]:10,.0f} tok/s  {result["ms_per_step"]:9.1f} ms/step  '
+              f'(first step {result["first_step_s"]:.1f} s, {time.time() - start:.0f} s elapsed)',
+              flush=True)
+  summaries = {name: _summarise(name, runs[name]) for name in _CONFIGS.value}
+  print(f'medians over {_ROUNDS.value} round(s):')
+  for name, s in summaries.items():
+    _print_summary(name, s)
+  print(json.dumps({
+      'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
+      'allocator': runtime.allocator_description(), 'flops_formula': FLOPS_FORMULA,
+      'precision': 'float32', 'dropout': 0.0, 'torch_baseline': with_torch,
+      'wall_seconds': time.time() - start, 'configs': summaries}))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,119 @@
+r"""Multi30k English->German under a wall-clock budget on this machine; prints BLEU.
+
+  python benchmarks/translate_multi30k.py --data_dir=../shared/data/multi30k --budget_minutes=40
+
+Trains experiments/configs/multi30k.py for `budget_minutes` of wall time (compilation and the
+periodic checkpoints included), picks the last checkpoint or the average of the last few by
+validation BLEU, translates test_2016_flickr with beam search and scores it two ways:
+  sacrebleu:   detokenised, cased output against the raw references (sacreBLEU's default);
+  bleu_lc_tok: output lowercased, punctuation-normalised and Moses-tokenised (sacremoses),
+               against the official *.lc.norm.tok.* references with tokenize='none': the
+               number published Multi30k results report.
+Last line: one JSON object.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+
+if __name__ == '__main__':
+  runtime.setup_allocator()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import gzip
+import json
+import tempfile
+import time
+
+from absl import app, flags, logging
+
+_DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data/multi30k', 'Multi30k directory.')
+_BUDGET = flags.DEFINE_float('budget_minutes', 40.0, 'Wall-clock training budget.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory (default: a fresh temp dir).')
+_SRC = flags.DEFINE_string('src_lang', 'en', 'Source language.')
+_TGT = flags.DEFINE_string('tgt_lang', 'de', 'Target language.')
+_OVERRIDES = flags.DEFINE_multi_string('set', [], 'Config overrides, e.g. --set=model.emb_dim=128')
+
+
+def moses_lc_tok(lines: list[str], lang: str) -> list[str]:
+  """The official Multi30k preprocessing: normalise punctuation, tokenise, lowercase."""
+  from sacremoses import MosesPunctNormalizer, MosesTokenizer
+  normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+  return [tokenizer.tokenize(normalizer.normalize(l), return_str=True).lower() for l in lines]
+
+
+def apply_override(config, assignment: str):
+  key, _, value = assignment.partition('=')
+  node = config
+  *parents, leaf = key.split('.')
+  for p in parents:
+    node = node[p]
+  node[leaf] = type(node[leaf])(value) if not isinstance(node[leaf], bool) else value == 'True'
+
+
+def main(argv):
+  del argv
+  import sacrebleu
+  from transformer_jax.runs import translation as translate
+  from experiments.configs import multi30k
+  from transformer_jax import experiment
+
+  config = multi30k.get_config()
+  config.data.dir = _DATA_DIR.value
+  config.data.src_lang, config.data.tgt_lang = _SRC.value, _TGT.value
+  config.train.max_minutes = _BUDGET.value
+  config.train.num_steps = 1_000_000      # the budget decides
+  config.train.eval_every = 0             # all the time goes to training; evaluate at the end
+  config.eval.test_prefix = ''            # scored below, with both metrics
+  for assignment in _OVERRIDES.value:
+    apply_override(config, assignment)
+  workdir = experiment.prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='m30k_'))
+  logging.info('workdir %s, config:\n%s', workdir, config)
+
+  start = time.time()
+  results = translate.train_and_evaluate(config, workdir)
+  if results.get('interrupted'):
+    logging.warning('interrupted: rerun the same command with --workdir=%s to continue', workdir)
+    sys.exit(1)
+  train_minutes = results['minutes']
+  task, trainer, _ = translate.build(config, workdir)
+  params = trainer.restore_params()
+  if results.get('averaged'):
+    from transformer_jax.checkpointing import average_params
+    steps = sorted(trainer.checkpointer.manager.all_steps())[-config.eval.average_last:]
+    params = average_params(trainer.checkpointer, trainer.abstract_state, steps)
+
+  prefix = 'test_2016_flickr'
+  config.eval.test_prefix = prefix
+  sources, references = translate.load_split(config, prefix)
+  hypotheses = task.translate(params, sources, trainer.mesh)
+  cased = sacrebleu.corpus_bleu(hypotheses, [references])
+  tok_ref_path = os.path.join(config.data.dir, f'{prefix}.lc.norm.tok.{config.data.tgt_lang}.gz')
+  with gzip.open(tok_ref_path, 'rt', encoding='utf-8') as f:
+    tok_refs = [line.rstrip('\n') for line in f]
+  lc_tok = sacrebleu.corpus_bleu(moses_lc_tok(hypotheses, config.data.tgt_lang), [tok_refs],
+                                 tokenize='none')
+  logging.info('test sacreBLEU %s | lc.tok %s', cased, lc_tok)
+  for i in range(3):
+    logging.info('SRC: %s\nREF: %s\nOUT: %s', sources[i], references[i], hypotheses[i])
+  out = {
+      'benchmark': 'translate_multi30k', 'direction': f'{_SRC.value}-{_TGT.value}',
+      'sacrebleu': round(cased.score, 2), 'bleu_lc_tok': round(lc_tok.score, 2),
+      'valid_bleu_last': round(results.get('valid_bleu_last', results.get('eval_bleu', 0.0)), 2),
+      'valid_bleu_averaged': round(results.get('valid_bleu_averaged', 0.0), 2),
+      'averaged_checkpoints': bool(results.get('averaged')),
+      'beam_size': config.eval.beam_size, 'train_tokens_per_s': round(results['tokens_per_s']),
+      'params': trainer.num_params(), 'steps': results['step'],
+      'minutes': round(train_minutes, 2), 'total_minutes': round((time.time() - start) / 60, 2),
+      'allocator': runtime.allocator_description().split(' ')[0], 'workdir': workdir,
+  }
+  trainer.close()
+  print(json.dumps(out))
+
+
+if __name__ == '__main__':
+  from transformer_jax import experiment as _experiment
+  app.run(lambda argv: _experiment.run(main, argv))

@@ -1,0 +1,62 @@
+"""Defaults shared by the language-model configs: a GPT-2 style decoder-only model."""
+
+import ml_collections
+
+from experiments.configs.common import base_config
+
+
+def lm_config() -> ml_collections.ConfigDict:
+  config = base_config()
+  config.data = ml_collections.ConfigDict()
+  config.data.source = 'file'         # 'file' (one text file) or 'tfds'
+  config.data.path = ''               # for 'file': a UTF-8 text file
+  config.data.train_fraction = 0.9    # for 'file': the first 90% trains, the last 10% validates
+  config.data.tfds_name = ''          # for 'tfds', e.g. 'tiny_shakespeare' or 'lm1b'
+  config.data.tfds_feature = 'text'
+  config.data.tfds_data_dir = ''
+  config.data.train_split = 'train'
+  config.data.valid_split = 'validation'
+  config.data.max_train_examples = 0  # for 'tfds': 0 = all documents
+  config.data.max_valid_examples = 0
+  config.data.block_size = 256        # context length (tokens per window; the model's max_len)
+  config.data.batch_size = 64         # windows per global batch
+  config.data.eval_batches = 20       # fixed validation batches, the same at every evaluation
+
+  config.tokenizer = ml_collections.ConfigDict()
+  config.tokenizer.type = 'char'      # 'char' or 'sentencepiece'
+  config.tokenizer.vocab_size = 256   # for 'sentencepiece' (a char vocabulary sizes itself)
+  config.tokenizer.model_type = 'unigram'
+  config.tokenizer.max_sentences = 2_000_000
+
+  # GPT-2: learned positions, Pre-LN, tanh-GELU, tied output embedding, biases, init std 0.02.
+  config.model = ml_collections.ConfigDict(dict(
+      emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6, dropout_rate=0.2,
+      attention_dropout_rate=0.2, norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
+      position='learned', activation='gelu', use_bias=True, tie_output=True,
+      scale_embeddings=False, embed_init_std=0.02, dtype='float32', param_dtype='float32'))
+
+  # Samples written at every evaluation (fixed prompt and seed, so steps compare).
+  config.eval = ml_collections.ConfigDict()
+  config.eval.sample_prompt = '\n'
+  config.eval.sample_tokens = 200
+  config.eval.temperature = 0.8
+  config.eval.top_k = 200
+  config.eval.top_p = 1.0
+
+  # nanoGPT's AdamW: warmup, cosine decay to a tenth, beta2 0.99, decoupled weight decay.
+  config.optimizer.schedule = 'cosine'
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.end_learning_rate = 1e-4
+  config.optimizer.warmup_steps = 100
+  config.optimizer.decay_steps = 5_000
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.99
+  config.optimizer.eps = 1e-8
+  config.optimizer.weight_decay = 0.1
+  config.optimizer.grad_clip_norm = 1.0
+  config.train.num_steps = 5_000
+  config.train.eval_every = 250
+  config.train.checkpoint_every = 1_000
+  config.train.log_every = 50
+  config.train.eval_max_batches = 0   # data.eval_batches already bounds evaluation
+  return config

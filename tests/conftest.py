@@ -1,0 +1,139 @@
+"""Shared fixtures: a tiny translation config and a runner for the command line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # the tests import `experiments.configs` and `transformer_jax`
+  sys.path.insert(0, REPO_ROOT)
+
+QUICKSTART = os.path.join('experiments', 'configs', 'translate_quickstart.py')
+# JAX_* variables naming the session's compilation cache, for CLI subprocesses.
+_CACHE_ENV: dict[str, str] = {}
+
+# Shrinks translate_quickstart.py to a model that trains in seconds on a CPU. Used both for
+# in-process configs and as `--config.KEY=VALUE` flags, so both paths train the same thing.
+TINY_OVERRIDES = {
+    'model.emb_dim': 32,
+    'model.num_heads': 2,
+    'model.mlp_dim': 64,
+    'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1,
+    'data.max_len': 32,
+    'data.batch_tokens': 512,
+    'data.max_train_examples': 2000,
+    'optimizer.learning_rate': 5e-3,
+    'optimizer.warmup_steps': 10,
+    'train.num_steps': 40,
+    'train.log_every': 5,
+    'train.eval_every': 0,
+    'train.checkpoint_every': 0,
+    'train.eval_max_batches': 2,
+    'eval.bleu_sentences': 8,
+    'eval.decode_rows': 256,
+    'eval.test_prefix': '',
+}
+
+
+def set_path(config, dotted_key: str, value):
+  """config['a']['b'] = value for dotted_key 'a.b' (the key must already exist)."""
+  *parents, leaf = dotted_key.split('.')
+  node = config
+  for part in parents:
+    node = node[part]
+  if leaf not in node:
+    raise KeyError(f'config has no key {dotted_key!r}')
+  node[leaf] = value
+
+
+def tiny_translate_config(**overrides):
+  """translate_quickstart.get_config() shrunk by TINY_OVERRIDES, then `overrides`.
+
+  Keyword names use '__' for '.', e.g. train__num_steps=10.
+  """
+  from experiments.configs import translate_quickstart  # pylint: disable=g-import-not-at-top
+  config = translate_quickstart.get_config()
+  for key, value in TINY_OVERRIDES.items():
+    set_path(config, key, value)
+  for key, value in overrides.items():
+    set_path(config, key.replace('__', '.'), value)
+  return config
+
+
+class TranslateCli:
+  """Runs `python -m experiments.translate` from the repo root in a subprocess."""
+
+  @staticmethod
+  def tiny_flags(overrides: dict | None = None) -> list[str]:
+    """--config=quickstart plus `--config.KEY=VALUE` for TINY_OVERRIDES updated by `overrides`."""
+    values = dict(TINY_OVERRIDES, **(overrides or {}))
+    return [f'--config={QUICKSTART}'] + [f'--config.{k}={v}' for k, v in values.items()]
+
+  @staticmethod
+  def env() -> dict[str, str]:
+    """No allocator re-exec (so the child's pid is the trainer's), CPU only, repo importable,
+    the session's compilation cache."""
+    env = dict(os.environ)
+    env['TRANSFORMER_JAX_ALLOCATOR'] = 'system'
+    env['JAX_PLATFORMS'] = 'cpu'
+    env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
+    env.update(_CACHE_ENV)
+    return env
+
+  @staticmethod
+  def command(*args: str) -> list[str]:
+    return [sys.executable, '-m', 'experiments.translate', *args]
+
+  def run(self, *args: str, stdin: str | None = None,
+          timeout: float = 900.0) -> subprocess.CompletedProcess:
+    """Runs to completion; stdout and stderr are captured as text."""
+    return subprocess.run(self.command(*args), cwd=REPO_ROOT, env=self.env(), input=stdin,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+  def popen(self, *args: str) -> subprocess.Popen:
+    """Starts it with stderr (where absl logs) piped, line-buffered text."""
+    return subprocess.Popen(self.command(*args), cwd=REPO_ROOT, env=self.env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+  @staticmethod
+  def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith('error:')]
+
+
+
+@pytest.fixture(scope='session', autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent XLA compilation cache shared by this session and its CLI subprocesses.
+
+  Several tests train the same tiny model in fresh Trainers or processes; with the cache,
+  each distinct program is compiled once per session (the directory is new every session).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  directory = str(tmp_path_factory.mktemp('jax_compilation_cache'))
+  options = {'jax_compilation_cache_dir': directory,
+             'jax_persistent_cache_min_compile_time_secs': 0.0,
+             'jax_persistent_cache_min_entry_size_bytes': 0}
+  previous = {name: getattr(jax.config, name) for name in options}
+  for name, value in options.items():
+    jax.config.update(name, value)
+    _CACHE_ENV[name.upper()] = str(value)
+  yield directory
+  _CACHE_ENV.clear()
+  for name, value in previous.items():
+    jax.config.update(name, value)
+
+
+@pytest.fixture(scope='session')
+def tiny_config():
+  """Factory: tiny_config(train__num_steps=10, ...) -> a fresh tiny quickstart ConfigDict."""
+  return tiny_translate_config
+
+
+@pytest.fixture(scope='session')
+def translate_cli() -> TranslateCli:
+  return TranslateCli()

@@ -1,0 +1,199 @@
+"""Hugging Face GPT-2 checkpoints -> `GPT` config and params.
+
+    cfg, params = load_hf_gpt2('/path/to/gpt2')     # config.json + model.safetensors
+    logits = GPT(cfg).apply({'params': params}, tokens)
+
+HF's GPT-2 stores its linear layers as `Conv1D`, i.e. weight [in, out] (the transpose of
+`nn.Linear`), which is already our kernel layout; only the fused q|k|v projection needs splitting
+and the head axis unflattening. HF flattens heads head-major (column h * head_dim + d), the same
+order as our (heads, head_dim) kernels, so reshapes suffice and nothing is permuted.
+
+Checkpoints are read with `safetensors` (no code runs on load). A directory that only has the
+legacy `pytorch_model.bin` is read with `torch.load(weights_only=True)`, which refuses pickled
+code objects; torch is needed only then.
+"""
+
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import numpy as np
+from absl import logging
+
+from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.gpt import gpt2_config
+
+# HF activation names -> ours. 'gelu_new', 'gelu_fast' and 'gelu_pytorch_tanh' are all the tanh
+# approximation (GPT-2's original); HF's plain 'gelu' is the exact erf form.
+_ACTIVATIONS = {'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu',
+                'gelu': 'gelu_exact', 'relu': 'relu', 'silu': 'silu', 'swish': 'silu'}
+_PREFIX = 'transformer.'
+# Causal-mask buffers that older transformers versions saved with the weights; not parameters.
+_BUFFER = re.compile(r'^h\.\d+\.attn\.(bias|masked_bias)$')
+
+
+def gpt2_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
+  """Our config for an HF `GPT2Config` dict (config.json); `overrides` win (e.g. dtype)."""
+  c = dict(hf_config)
+  if c.get('model_type', 'gpt2') != 'gpt2':
+    raise ConfigError(f"config.json has model_type={c['model_type']!r}; only 'gpt2' is supported")
+  activation = c.get('activation_function', 'gelu_new')
+  if activation not in _ACTIVATIONS:
+    raise ConfigError(f'config.json activation_function={activation!r} is not supported; '
+                      f'supported: {sorted(_ACTIVATIONS)}')
+  # Variants of attention scaling and cross-attention that our blocks do not express: refuse
+  # them rather than import a model that silently computes something else.
+  for key, supported in (('scale_attn_weights', True), ('scale_attn_by_inverse_layer_idx', False),
+                         ('add_cross_attention', False)):
+    if bool(c.get(key, supported)) != supported:
+      raise ConfigError(f'config.json {key}={c[key]} is not supported (need {supported})')
+  try:
+    emb_dim = int(c['n_embd'])
+    values = dict(
+        vocab_size=int(c['vocab_size']), emb_dim=emb_dim, num_heads=int(c['n_head']),
+        mlp_dim=int(c.get('n_inner') or 4 * emb_dim), num_decoder_layers=int(c['n_layer']),
+        max_len=int(c['n_positions']), norm_epsilon=float(c.get('layer_norm_epsilon', 1e-5)),
+        activation=_ACTIVATIONS[activation],
+        dropout_rate=float(c.get('resid_pdrop', 0.1)),
+        attention_dropout_rate=float(c.get('attn_pdrop', 0.1)),
+        tie_output=bool(c.get('tie_word_embeddings', True)))
+  except KeyError as e:
+    raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a GPT-2 model') from None
+  values.update(overrides)
+  return gpt2_config(**values)
+
+
+def _expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+  """HF parameter names (without the 'transformer.' prefix) -> shapes this config implies."""
+  e, m = cfg.emb_dim, cfg.mlp_dim
+  shapes = {'wte.weight': (cfg.vocab_size, e), 'wpe.weight': (cfg.max_len, e),
+            'ln_f.weight': (e,), 'ln_f.bias': (e,)}
+  for i in range(cfg.num_decoder_layers):
+    shapes.update({
+        f'h.{i}.ln_1.weight': (e,), f'h.{i}.ln_1.bias': (e,),
+        f'h.{i}.attn.c_attn.weight': (e, 3 * e), f'h.{i}.attn.c_attn.bias': (3 * e,),
+        f'h.{i}.attn.c_proj.weight': (e, e), f'h.{i}.attn.c_proj.bias': (e,),
+        f'h.{i}.ln_2.weight': (e,), f'h.{i}.ln_2.bias': (e,),
+        f'h.{i}.mlp.c_fc.weight': (e, m), f'h.{i}.mlp.c_fc.bias': (m,),
+        f'h.{i}.mlp.c_proj.weight': (m, e), f'h.{i}.mlp.c_proj.bias': (e,)})
+  if not cfg.tie_output:
+    shapes['lm_head.weight'] = (cfg.vocab_size, e)
+  return shapes
+
+
+def _strip_names(state: Mapping[str, Any], tie_output: bool) -> tuple[dict, dict]:
+  """(bare name -> array, bare name -> name in the file), dropping buffers and a tied head."""
+  arrays, original = {}, {}
+  for name, value in state.items():
+    bare = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+    if _BUFFER.match(bare) or (bare == 'lm_head.weight' and tie_output):
+      continue  # HF re-ties the head on load; the embedding is the one that counts.
+    if bare in arrays:
+      raise ConfigError(f'checkpoint holds {name} both with and without the '
+                        f'{_PREFIX!r} prefix')
+    arrays[bare], original[bare] = value, name
+  return arrays, original
+
+
+def _check(arrays: dict, original: dict, cfg: TransformerConfig) -> None:
+  """Raises one ConfigError naming unknown, missing or mis-shaped parameters."""
+  expected = _expected_shapes(cfg)
+  unknown = sorted(original[k] for k in arrays if k not in expected)
+  if unknown:
+    raise ConfigError(f'checkpoint has unknown parameter(s) {", ".join(unknown)}: not part of a '
+                      f'GPT-2 with {cfg.num_decoder_layers} layers')
+  missing = sorted(k for k in expected if k not in arrays)
+  if missing:
+    shown = ', '.join(missing[:8]) + (f' (and {len(missing) - 8} more)' if len(missing) > 8 else '')
+    raise ConfigError(f'checkpoint lacks parameter(s) {shown}')
+  wrong = [f'{original[k]} has shape {tuple(arrays[k].shape)} but the config implies {shape}'
+           for k, shape in expected.items() if tuple(arrays[k].shape) != shape]
+  if wrong:
+    raise ConfigError('; '.join(wrong))
+
+
+def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:
+  """Our `GPT` params (nested dict of numpy arrays, as `GPT.init` lays them out) from HF's.
+
+  `state` maps HF names (optionally 'transformer.'-prefixed) to arrays. Raises ConfigError on
+  unknown, missing or wrongly shaped parameters.
+  """
+  arrays, original = _strip_names(state, cfg.tie_output)
+  _check(arrays, original, cfg)
+  dtype = np.dtype(cfg.param_dtype)
+  get = lambda name: np.ascontiguousarray(np.asarray(arrays[name]), dtype=dtype)
+  heads, head_dim, e = cfg.num_heads, cfg.qkv_dim, cfg.emb_dim
+
+  def norm(name):
+    return {'scale': get(f'{name}.weight'), 'bias': get(f'{name}.bias')}
+
+  def dense(name):
+    return {'kernel': get(f'{name}.weight'), 'bias': get(f'{name}.bias')}
+
+  stack = {'final_norm': norm('ln_f')}
+  for i in range(cfg.num_decoder_layers):
+    p = f'h.{i}'
+    qkv_w, qkv_b = get(f'{p}.attn.c_attn.weight'), get(f'{p}.attn.c_attn.bias')
+    attention = {}
+    for j, name in enumerate(('query', 'key', 'value')):
+      attention[name] = {
+          'kernel': qkv_w[:, j * e:(j + 1) * e].reshape(e, heads, head_dim).copy(),
+          'bias': qkv_b[j * e:(j + 1) * e].reshape(heads, head_dim).copy()}
+    attention['out'] = {'kernel': get(f'{p}.attn.c_proj.weight').reshape(heads, head_dim, e),
+                        'bias': get(f'{p}.attn.c_proj.bias')}
+    stack[f'layer_{i}'] = {
+        'self_attention_norm': norm(f'{p}.ln_1'), 'self_attention': attention,
+        'mlp_norm': norm(f'{p}.ln_2'),
+        'mlp': {'wi': dense(f'{p}.mlp.c_fc'), 'wo': dense(f'{p}.mlp.c_proj')}}
+  params = {'token_embed': {'embedding': get('wte.weight')},
+            'input_embedding': {'position_embedding': {'embedding': get('wpe.weight')}},
+            'stack': stack}
+  if not cfg.tie_output:
+    params['lm_head'] = {'kernel': get('lm_head.weight').T.copy()}  # nn.Linear is [out, in]
+  return params
+
+
+def read_state_dict(directory: str) -> dict[str, np.ndarray]:
+  """name -> numpy array from model.safetensors (single or sharded), else pytorch_model.bin."""
+  single = os.path.join(directory, 'model.safetensors')
+  index = os.path.join(directory, 'model.safetensors.index.json')
+  legacy = os.path.join(directory, 'pytorch_model.bin')
+  if os.path.exists(single) or os.path.exists(index):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    if os.path.exists(single):
+      return load_file(single)
+    with open(index) as f:
+      files = sorted(set(json.load(f)['weight_map'].values()))
+    state = {}
+    for name in files:
+      state.update(load_file(os.path.join(directory, name)))
+    return state
+  if os.path.exists(legacy):
+    logging.warning('%s has no model.safetensors: reading the legacy pytorch_model.bin with '
+                    'torch.load(weights_only=True)', directory)
+    import torch  # pylint: disable=g-import-not-at-top
+    loaded = torch.load(legacy, weights_only=True, map_location='cpu')
+    # numpy has no bfloat16: widen floating tensors to float32 (the params' dtype anyway).
+    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
+            for k, v in loaded.items()}
+  raise DataError(f'{directory} holds no model.safetensors, model.safetensors.index.json or '
+                  'pytorch_model.bin')
+
+
+def load_hf_gpt2(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
+  """(config, params) for the HF GPT-2 checkpoint in `directory` (config.json + weights).
+
+  `overrides` go to the config (e.g. dropout_rate=0.0 to fine-tune without dropout).
+  """
+  config_path = os.path.join(directory, 'config.json')
+  if not os.path.exists(config_path):
+    raise DataError(f'{config_path} does not exist: expected a Hugging Face GPT-2 directory '
+                    '(config.json and model.safetensors)')
+  with open(config_path) as f:
+    cfg = gpt2_config_from_hf(json.load(f), **overrides)
+  params = convert_gpt2_state_dict(read_state_dict(directory), cfg)
+  logging.info('imported GPT-2 from %s: %d layers, %d heads, width %d, vocab %d', directory,
+               cfg.num_decoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size)
+  return cfg, params

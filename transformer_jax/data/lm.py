@@ -1,0 +1,246 @@
+"""Language-model data: a character tokenizer, random training windows, fixed eval windows.
+
+A language model reads one long token stream. Training batches are random windows of it,
+
+    inputs  = tokens[i     : i + T]
+    targets = tokens[i + 1 : i + T + 1]      (predict every next token)
+
+with batch s drawn from np.random.default_rng((seed, s)), so the data position is just the step
+number: a resumed run draws exactly the batches it would have drawn (as nanoGPT's `get_batch`,
+but reproducible). Subword corpora (lm1b) are tokenized with SentencePiece and their documents
+joined with EOS, which also tells the model where a document ends.
+"""
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.errors import DataError
+
+Batch = dict[str, np.ndarray]
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def split_train_val(text: str, train_fraction: float = 0.9) -> tuple[str, str]:
+  """The first `train_fraction` of the characters for training, the rest for validation.
+
+  A contiguous split (as nanoGPT's) keeps validation text unseen: random windows of one
+  shared stream would overlap the training windows.
+  """
+  if not 0.0 < train_fraction < 1.0:
+    raise DataError(f'train_fraction must be in (0, 1), got {train_fraction}')
+  cut = int(len(text) * train_fraction)
+  return text[:cut], text[cut:]
+
+
+def read_text(path: str) -> str:
+  """The whole UTF-8 file as one string, with a one-line error if it cannot be read."""
+  if not path:
+    raise DataError('data.path is empty: pass --config.data.path=FILE (a UTF-8 text file)')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return f.read()
+  except FileNotFoundError:
+    raise DataError(f'text file {path} does not exist (relative paths start from '
+                    f'{os.getcwd()})') from None
+  except UnicodeDecodeError as e:
+    raise DataError(f'{path} is not UTF-8 text: {e}') from None
+  except OSError as e:
+    raise DataError(f'cannot read {path}: {e.strerror}') from None
+
+
+# -- character tokenizer ------------------------------------------------------------------------
+
+
+class CharTokenizer:
+  """One token per character; the vocabulary is the sorted distinct characters of a text.
+
+  There are no special tokens (nanoGPT's shakespeare_char: 65 symbols). A character outside
+  the vocabulary raises a DataError naming it, unless `skip_unknown=True` drops it.
+  """
+
+  def __init__(self, chars: Sequence[str]):
+    chars = list(chars)
+    if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+      raise DataError('a character vocabulary must be a non-empty list of distinct characters')
+    self.chars = chars
+    self._ids = {c: i for i, c in enumerate(chars)}
+
+  @classmethod
+  def from_text(cls, text: str) -> 'CharTokenizer':
+    if not text:
+      raise DataError('cannot build a character vocabulary from empty text')
+    return cls(sorted(set(text)))
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.chars)
+
+  def encode(self, text: str, *, skip_unknown: bool = False) -> list[int]:
+    ids = []
+    for position, char in enumerate(text):
+      token = self._ids.get(char)
+      if token is None:
+        if skip_unknown:
+          continue
+        raise DataError(f'character {char!r} (at position {position}) is not in the '
+                        f'{self.vocab_size}-character vocabulary of this model')
+      ids.append(token)
+    return ids
+
+  def decode(self, ids: Iterable[int]) -> str:
+    if hasattr(ids, '__array__'):
+      ids = np.asarray(ids).reshape(-1).tolist()
+    return ''.join(self.chars[i] for i in ids)
+
+  # -- persistence: a JSON list of characters next to the checkpoints
+
+  def save(self, path: str):
+    """Writes atomically, so a killed run never leaves half a vocabulary behind."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + '.tmp-')
+    try:
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        json.dump({'type': 'char', 'chars': self.chars}, f, ensure_ascii=True)
+      os.chmod(tmp, 0o644)
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise
+
+  @classmethod
+  def load(cls, path: str) -> 'CharTokenizer':
+    try:
+      with open(path, encoding='utf-8') as f:
+        data = json.load(f)
+    except FileNotFoundError:
+      raise DataError(f'character vocabulary {path} is missing: train first') from None
+    except (OSError, ValueError) as e:
+      raise DataError(f'{path} is not a character vocabulary ({e}); delete it to rebuild') from None
+    if not isinstance(data, dict) or data.get('type') != 'char':
+      raise DataError(f'{path} is not a character vocabulary; delete it to rebuild')
+    return cls(data['chars'])
+
+  @classmethod
+  def load_or_build(cls, path: str, text: str) -> 'CharTokenizer':
+    """The saved vocabulary if `path` exists (a resumed run must keep its ids), else built
+    from `text` and saved."""
+    if os.path.exists(path):
+      return cls.load(path)
+    tokenizer = cls.from_text(text)
+    tokenizer.save(path)
+    return tokenizer
+
+
+# -- what generation needs from either tokenizer --------------------------------------------------
+
+
+def lm_eos_id(tokenizer) -> int | None:
+  """The id that ends a document: EOS for SentencePiece corpora, none for raw characters."""
+  return None if isinstance(tokenizer, CharTokenizer) else EOS_ID
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+  """Token ids a generation starts from.
+
+  Subword corpora put EOS between documents, so a prompt starts after an EOS: the model
+  then continues a fresh document. Character models have no such token; they need at
+  least one character (nanoGPT starts from a newline).
+  """
+  if isinstance(tokenizer, CharTokenizer):
+    ids = tokenizer.encode(text)
+    if not ids:
+      raise DataError('the prompt is empty: a character model needs at least one character, '
+                      'e.g. --prompt="\\n"')
+    return ids
+  return [EOS_ID] + tokenizer.encode(text)
+
+
+def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> np.ndarray:
+  """SentencePiece ids of every document, each followed by EOS, as one stream."""
+  pieces = []
+  for start in range(0, len(documents), 10_000):  # bounded memory for the id lists
+    for ids in tokenizer.encode_batch(documents[start:start + 10_000]):
+      pieces.append(np.asarray(ids + [EOS_ID], dtype=token_dtype(tokenizer.vocab_size)))
+  if not pieces:
+    raise DataError('no documents to tokenize')
+  return np.concatenate(pieces)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  """uint16 when the ids fit: it halves the memory of a large corpus."""
+  return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
+
+
+# -- batches -------------------------------------------------------------------------------------
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> Batch:
+  # One fancy-index gathers all windows: rows start + [0, T]; inputs and targets are views.
+  chunk = tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
+  return {'inputs': chunk[:, :-1], 'targets': chunk[:, 1:]}
+
+
+def _check_length(tokens: np.ndarray, block_size: int, what: str):
+  if tokens.ndim != 1:
+    raise DataError(f'{what} tokens must be one stream (1-D), got shape {tokens.shape}')
+  if len(tokens) <= block_size:
+    raise DataError(f'{what} text has {len(tokens)} tokens, fewer than block_size + 1 = '
+                    f'{block_size + 1}; use more text or a smaller data.block_size')
+
+
+class RandomWindows:
+  """Endless training batches {'inputs', 'targets': int32[B, T]} of random windows.
+
+  `batch_size` is the global batch; with several processes each yields its own contiguous
+  slice of the same global draw, so the global batch does not depend on the process count.
+  """
+
+  def __init__(self, tokens: np.ndarray, *, block_size: int, batch_size: int, seed: int,
+               process_index: int = 0, process_count: int = 1):
+    tokens = np.asarray(tokens)
+    _check_length(tokens, block_size, 'training')
+    if batch_size % process_count:
+      raise DataError(f'batch size {batch_size} is not divisible by the {process_count} '
+                      'processes')
+    self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
+    local = batch_size // process_count
+    self._rows = slice(process_index * local, (process_index + 1) * local)
+    self.step = 0
+
+  def batch(self, step: int) -> Batch:
+    """The global batch `step`'s rows for this process (a pure function of seed and step)."""
+    rng = np.random.default_rng((self.seed, step))
+    starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+    return _windows(self.tokens, starts[self._rows], self.block_size)
+
+  def __iter__(self) -> Iterator[Batch]:
+    while True:
+      batch = self.batch(self.step)
+      self.step += 1
+      yield batch
+
+  def get_state(self) -> dict:
+    return {'step': self.step}
+
+  def set_state(self, state: dict):
+    self.step = int(state['step'])
+
+
+def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batches: int,
+                 seed: int) -> list[Batch]:
+  """`num_batches` fixed random windows: the same ones at every evaluation, so eval losses
+  compare across steps and runs."""
+  tokens = np.asarray(tokens)
+  _check_length(tokens, block_size, 'validation')
+  rng = np.random.default_rng(seed)
+  starts = rng.integers(0, len(tokens) - block_size, size=(num_batches, batch_size))
+  return [_windows(tokens, row, block_size) for row in starts]

@@ -1,0 +1,71 @@
+"""GPT: a decoder-only Transformer language model (Radford et al. 2018/2019).
+
+    tokens -> embed (+ learned positions) -> N causal self-attention blocks -> final norm
+           -> logits over the vocabulary (tied to the embedding)
+
+No encoder and no cross-attention: the same `TransformerStack` as the translation decoder with
+`cross_attention=False`. By config it is GPT-2 (learned positions, Pre-LayerNorm, GELU, tied
+embeddings, biases) or LLaMA-style (rotary positions, RMSNorm, SwiGLU, grouped-query attention,
+no biases): see `gpt2_config` and `llama_config`.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax.attention import make_causal_mask
+from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
+from transformer_jax.dense import DenseGeneral
+from transformer_jax.embedding import Embed
+from transformer_jax.model_config import TransformerConfig
+
+
+def gpt2_config(**overrides) -> TransformerConfig:
+  """GPT-2 small (124M) by default; override sizes for smaller models."""
+  values = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
+                num_decoder_layers=12, max_len=1024, dropout_rate=0.1,
+                attention_dropout_rate=0.1, norm_type='layernorm', norm_position='pre',
+                norm_epsilon=1e-5, position='learned', activation='gelu', use_bias=True,
+                tie_output=True, scale_embeddings=False, embed_init_std=0.02)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+def llama_config(**overrides) -> TransformerConfig:
+  """LLaMA-style: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases."""
+  values = dict(vocab_size=32000, emb_dim=512, num_heads=8, num_kv_heads=2, mlp_dim=1408,
+                num_encoder_layers=0, num_decoder_layers=8, max_len=1024, dropout_rate=0.0,
+                attention_dropout_rate=0.0, norm_type='rmsnorm', norm_position='pre',
+                norm_epsilon=1e-5, position='rotary', activation='swiglu', use_bias=False,
+                tie_output=False, scale_embeddings=False, embed_init_std=0.02)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+class GPT(nn.Module):
+  """Causal language model: logits [B, T, V] (float32) for tokens [B, T].
+
+  Uses `cfg.num_decoder_layers` layers. In decode mode (cfg.decode) each call continues from
+  the KV cache: pass the prompt once (prefill), then one token per call.
+  """
+  cfg: TransformerConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
+                       stddev=cfg.embed_init_std, name='token_embed')
+    self.positions = StepPositions(cfg)
+    self.input_embedding = InputEmbedding(cfg, self.embed)
+    self.stack = TransformerStack(cfg, cfg.num_decoder_layers, causal=True)
+    if not cfg.tie_output:
+      self.lm_head = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
+                                  dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+  def __call__(self, tokens, *, deterministic: bool = True):
+    positions = self.positions(tokens.shape[1])
+    # In decode mode the attention's cache mask provides causality (over the whole cache).
+    mask = None if self.cfg.decode else make_causal_mask(tokens.shape[1])
+    x = self.input_embedding(tokens, positions, deterministic=deterministic)
+    x = self.stack(x, self_mask=mask, positions=positions, deterministic=deterministic)
+    logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits.astype(jnp.float32)

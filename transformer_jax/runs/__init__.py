@@ -1,0 +1,1 @@
+"""Experiments as library functions: config in, trained workdir and results out."""

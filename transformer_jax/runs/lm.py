@@ -1,0 +1,142 @@
+"""A language-model experiment from a config: text, tokenizer, token streams, task, trainer.
+
+`experiments/lm.py` (training), `experiments/generate.py` (sampling) and
+`benchmarks/lm_shakespeare.py` are thin callers of these functions.
+
+Data sources (config.data.source):
+  'file': one UTF-8 text file (data.path), split into the first data.train_fraction for
+          training and the rest for validation (nanoGPT's shakespeare_char);
+  'tfds': a TFDS text corpus (data.tfds_name, e.g. 'tiny_shakespeare' or 'lm1b'), with its
+          own train and validation splits.
+Tokenizers (config.tokenizer.type): 'char' (sorted distinct characters of the training
+text, saved as tokenizer.json) or 'sentencepiece' (spm.model, trained on the training
+text; documents joined with EOS).
+"""
+
+import os
+
+import numpy as np
+from absl import logging
+
+from transformer_jax import experiment
+from transformer_jax.data import lm as lm_data
+from transformer_jax.data import tokenizer as tok
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import model_config_from_dict
+
+CHAR_VOCAB_FILE = 'tokenizer.json'
+SPM_FILE = 'spm.model'
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+def load_documents(config) -> tuple[list[str], list[str]]:
+  """(training documents, validation documents) from the configured source."""
+  data = config.data
+  if data.source == 'file':
+    train, valid = lm_data.split_train_val(lm_data.read_text(data.path),
+                                           float(data.train_fraction))
+    return [train], [valid]
+  if data.source == 'tfds':
+    from transformer_jax.data.tfds_text import load_tfds_text  # pylint: disable=g-import-not-at-top
+    kwargs = dict(feature=data.tfds_feature, data_dir=data.tfds_data_dir or None)
+    train = load_tfds_text(data.tfds_name, data.train_split,
+                           max_examples=int(data.max_train_examples) or None, **kwargs)
+    valid = load_tfds_text(data.tfds_name, data.valid_split,
+                           max_examples=int(data.max_valid_examples) or None, **kwargs)
+    return train, valid
+  raise ConfigError(f"data.source must be 'file' or 'tfds', got {data.source!r}")
+
+
+def load_tokenizer(config, workdir: str, train_documents: list[str] | None = None):
+  """The workdir's tokenizer; built from the training documents on the first run."""
+  kind = config.tokenizer.type
+  if kind == 'char':
+    path = os.path.join(workdir, CHAR_VOCAB_FILE)
+    if train_documents is None:
+      return lm_data.CharTokenizer.load(path)
+    return lm_data.CharTokenizer.load_or_build(path, ''.join(train_documents))
+  if kind == 'sentencepiece':
+    def texts():  # read only when the model file is missing
+      if train_documents is None:
+        raise ConfigError(f'no tokenizer model in {workdir}: train first')
+      return iter(train_documents)
+    t = config.tokenizer
+    return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, t.vocab_size,
+                                       model_type=t.model_type, max_sentences=t.max_sentences)
+  raise ConfigError(f"tokenizer.type must be 'char' or 'sentencepiece', got {kind!r}")
+
+
+def encode(tokenizer, documents: list[str]) -> np.ndarray:
+  """One token stream: characters as they are, subword documents each followed by EOS."""
+  if isinstance(tokenizer, lm_data.CharTokenizer):
+    ids = tokenizer.encode(''.join(documents))
+    return np.asarray(ids, lm_data.token_dtype(tokenizer.vocab_size))
+  return lm_data.encode_documents(tokenizer, documents)
+
+
+# -- composition --------------------------------------------------------------------------------
+
+def model_config(config, vocab_size: int):
+  """config.model with the tokenizer's vocabulary; the context length is data.block_size."""
+  return model_config_from_dict(config.model, vocab_size=vocab_size,
+                                max_len=int(config.data.block_size), num_encoder_layers=0)
+
+
+def build(config, workdir: str, train_documents: list[str] | None = None):
+  """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
+  from transformer_jax.tasks.lm import LanguageModelTask  # pylint: disable=g-import-not-at-top
+  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  # Fail on a bad model shape before a tokenizer is trained and written.
+  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
+  tokenizer = load_tokenizer(config, workdir, train_documents)
+  sample = config.eval
+  task = LanguageModelTask(
+      model_config(config, tokenizer.vocab_size), tokenizer=tokenizer,
+      eos_id=lm_data.lm_eos_id(tokenizer),
+      sample_prompt=lm_data.prompt_ids(tokenizer, sample.sample_prompt),
+      sample_tokens=int(sample.sample_tokens), temperature=float(sample.temperature),
+      top_k=int(sample.top_k), top_p=float(sample.top_p), sample_seed=int(config.seed))
+  return task, Trainer(config, task, workdir), tokenizer
+
+
+def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray):
+  """(training windows, fixed evaluation batches)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  data = config.data
+  block, batch = int(data.block_size), int(data.batch_size)
+  train = lm_data.RandomWindows(train_tokens, block_size=block, batch_size=batch,
+                                seed=int(config.seed), process_index=jax.process_index(),
+                                process_count=jax.process_count())
+  # Every process evaluates the same windows; each feeds its own rows of them.
+  local = batch // jax.process_count()
+  rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+  valid = [{k: v[rows] for k, v in b.items()} for b in lm_data.eval_batches(
+      valid_tokens, block, batch, int(data.eval_batches), seed=int(config.seed) + 1)]
+  return train, valid
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains (or resumes) to train.num_steps; returns the trainer's final metrics."""
+  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
+                                            'log_every'))
+  experiment.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
+  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
+  os.makedirs(workdir, exist_ok=True)
+  train_docs, valid_docs = load_documents(config)
+  task, trainer, tokenizer = build(config, workdir, train_docs)
+  experiment.save_config(config, workdir)
+  train_tokens, valid_tokens = encode(tokenizer, train_docs), encode(tokenizer, valid_docs)
+  logging.info('tokens: %s train, %s validation; vocabulary %d', f'{len(train_tokens):,}',
+               f'{len(valid_tokens):,}', tokenizer.vocab_size)
+  train_data, valid_batches = make_data(config, train_tokens, valid_tokens)
+  results = trainer.fit(train_data, lambda: iter(valid_batches))
+  results['params'] = trainer.num_params()
+  trainer.close()
+  return results
+
+
+def restore_for_inference(config, workdir: str):
+  """(task, trainer, tokenizer, params) of the workdir's latest checkpoint."""
+  task, trainer, tokenizer = build(config, workdir)
+  return task, trainer, tokenizer, trainer.restore_params()

@@ -1,0 +1,175 @@
+"""A translation experiment from a config: data, tokenizers, task, trainer, evaluation.
+
+`experiments/translate.py` (the command line) and `benchmarks/translate_multi30k.py` are thin
+callers of these functions.
+"""
+
+import os
+
+from absl import logging
+
+from transformer_jax import experiment
+from transformer_jax.data import batching, text, tokenizer as tok
+from transformer_jax.data.numbers import make_numbers_splits
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import model_config_from_dict
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
+  """Source/target sentences of one split, from the configured source."""
+  data = config.data
+  if data.source == 'numbers':
+    splits = make_numbers_splits(seed=config.seed)
+    names = {data.train_prefix: 'train', data.valid_prefix: 'valid', 'test': 'test'}
+    if prefix not in names:
+      raise ConfigError(f'the numbers corpus has splits {sorted(names)}, not {prefix!r}')
+    return splits[names[prefix]]
+  if data.source == 'files':
+    if not data.dir:
+      raise ConfigError('data.dir is empty: pass --config.data.dir=DIR holding '
+                        f'{prefix}.{data.src_lang}[.gz] and {prefix}.{data.tgt_lang}[.gz]')
+    src_path, tgt_path = text.find_parallel_files(data.dir, prefix, data.src_lang, data.tgt_lang)
+    return text.read_parallel(src_path, tgt_path, skip_invalid_utf8=data.skip_invalid_utf8)
+  if data.source == 'tfds':
+    from transformer_jax.data.tfds_text import load_tfds_parallel
+    return load_tfds_parallel(data.tfds_name, prefix, data.src_lang, data.tgt_lang,
+                              data_dir=data.tfds_data_dir or None)
+  raise ConfigError(f"data.source must be 'files', 'tfds' or 'numbers', got {data.source!r}")
+
+
+def load_tokenizers(config, workdir: str, train_pairs=None):
+  """(source, target) SentencePiece tokenizers, trained on the training text on first run."""
+  t = config.tokenizer
+
+  def texts(*sides):
+    def read():  # called only when the model file is missing
+      if train_pairs is None:
+        raise ConfigError(f'no tokenizer model in {workdir}: train first (--mode=train)')
+      return (s for side in sides for s in train_pairs[side])
+    return read
+  kwargs = dict(vocab_size=t.vocab_size, model_type=t.model_type, max_sentences=t.max_sentences)
+  if t.joint:
+    shared = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.model'), texts(0, 1), **kwargs)
+    return shared, shared
+  return (tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.src.model'), texts(0), **kwargs),
+          tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.tgt.model'), texts(1), **kwargs))
+
+
+# -- composition --------------------------------------------------------------------------------
+
+def check_model_config(config):
+  """Validates config.model (with the requested vocabulary size) before anything is written.
+
+  The real vocabulary size is only known once the tokenizer exists; checking first means a
+  bad width or head count fails in seconds, not after reading the data and training a
+  tokenizer, and leaves no tokenizer behind in the workdir.
+  """
+  model_config_from_dict(config.model, vocab_size=int(config.tokenizer.vocab_size),
+                         max_len=config.data.max_len)
+
+
+def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
+  """Tokenizers, task and trainer for `config` (the model sized to the tokenizers)."""
+  from transformer_jax.tasks.translation import TranslationTask
+  from transformer_jax.trainer import Trainer
+  check_model_config(config)
+  src_tok, tgt_tok = load_tokenizers(config, workdir, train_pairs)
+  model_cfg = model_config_from_dict(
+      config.model, vocab_size=tgt_tok.vocab_size, max_len=config.data.max_len,
+      source_vocab_size=None if config.tokenizer.joint else src_tok.vocab_size,
+      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
+  bleu_n = config.eval.bleu_sentences or len(valid_pairs[0])
+  task = TranslationTask(
+      model_cfg, label_smoothing=config.loss.label_smoothing, beam_size=config.eval.beam_size,
+      alpha=config.eval.alpha, decode_rows=config.eval.decode_rows, src_tokenizer=src_tok,
+      tgt_tokenizer=tgt_tok, eval_sources=valid_pairs[0][:bleu_n],
+      eval_references=valid_pairs[1][:bleu_n])
+  return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
+
+
+def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
+  import jax  # pylint: disable=g-import-not-at-top
+  data = config.data
+  src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
+                                              data.overflow)
+  from transformer_jax.sharding import data_parallel_size
+  return batching.BucketedBatcher(
+      src_ids, tgt_ids, batch_tokens=data.batch_tokens,
+      buckets=batching.default_buckets(data.max_len), seed=config.seed, shuffle=train,
+      multiple_of=data_parallel_size(trainer.mesh), process_index=jax.process_index(),
+      process_count=jax.process_count())
+
+
+def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
+  import sacrebleu
+  prefix = config.eval.test_prefix
+  sources, references = load_split(config, prefix)
+  hypotheses = task.translate(params, sources, trainer.mesh)
+  bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+  out_path = os.path.join(workdir, f'{prefix}.{config.data.tgt_lang}.hyp')
+  with open(out_path + '.tmp', 'w', encoding='utf-8') as f:
+    f.write('\n'.join(hypotheses) + '\n')
+  os.replace(out_path + '.tmp', out_path)
+  logging.info('%s: %s (translations in %s)', prefix, bleu, out_path)
+  return {'bleu': bleu.score, 'hypotheses_path': out_path}
+
+
+# -- modes --------------------------------------------------------------------------------------
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
+                                            'log_every'))
+  check_model_config(config)
+  train_pairs = load_split(config, config.data.train_prefix)
+  if config.data.max_train_examples:
+    train_pairs = tuple(side[:config.data.max_train_examples] for side in train_pairs)
+  valid_pairs = load_split(config, config.data.valid_prefix)
+  task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
+  experiment.save_config(config, workdir)
+  train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
+  valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
+  logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
+               train_data.num_batches_per_epoch, valid_data.num_examples)
+  results = trainer.fit(train_data, lambda: iter(valid_data))
+  if results.get('interrupted'):
+    trainer.close()
+    return results
+  params = trainer.state.params
+  if config.eval.average_last > 1:
+    params, results['averaged'] = choose_average(config, task, trainer, valid_pairs, results)
+  if config.eval.test_prefix:
+    results['test_bleu'] = evaluate_test_set(config, workdir, task, trainer, params)['bleu']
+  trainer.close()
+  return results
+
+
+def choose_average(config, task, trainer, valid_pairs, results):
+  """Params of the last checkpoint or the average of the last k, whichever has the better
+  validation BLEU (the test set plays no part in the choice)."""
+  import sacrebleu
+  from transformer_jax.checkpointing import average_params
+  steps = sorted(trainer.checkpointer.manager.all_steps())[-config.eval.average_last:]
+  if len(steps) < 2:
+    return trainer.state.params, False
+  averaged = average_params(trainer.checkpointer, trainer.abstract_state, steps)
+  sources, references = valid_pairs
+  bleu_last = results.get('eval_bleu')
+  if bleu_last is None or config.eval.bleu_sentences:
+    bleu_last = sacrebleu.corpus_bleu(task.translate(trainer.state.params, sources, trainer.mesh),
+                                      [references]).score
+  bleu_avg = sacrebleu.corpus_bleu(task.translate(averaged, sources, trainer.mesh),
+                                   [references]).score
+  logging.info('validation BLEU: last checkpoint %.2f, average of steps %s %.2f', bleu_last,
+               steps, bleu_avg)
+  results['valid_bleu_last'], results['valid_bleu_averaged'] = bleu_last, bleu_avg
+  if bleu_avg > bleu_last:
+    return averaged, True
+  return trainer.state.params, False
+
+
+def restore_for_inference(config, workdir: str):
+  """(task, trainer, params) of the workdir's latest checkpoint."""
+  task, trainer, _ = build(config, workdir)
+  return task, trainer, trainer.restore_params()

@@ -1,0 +1,165 @@
+"""Causal language modelling with `GPT`: next-token loss, and text generation with a KV cache.
+
+Generation feeds the prompt once (prefill), then one token per step through the KV cache, so
+each new token costs one position's work instead of a pass over the whole prefix. A model
+with a position table (learned or sinusoidal) has seen only positions < max_len, so the
+cache never holds more than max_len tokens: a longer generation continues in segments that
+re-read the last max_len // 2 tokens into a fresh cache (nanoGPT instead recomputes the
+last max_len tokens for every new one). See `LanguageModelTask.generate`.
+"""
+
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from transformer_jax import decoding
+from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.errors import ConfigError
+from transformer_jax.losses import cross_entropy_sums
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.gpt import GPT
+
+
+class LanguageModelTask:
+  """Trains a `GPT` on windows {'inputs', 'targets'} and samples text from it."""
+
+  def __init__(self, cfg: TransformerConfig, *, tokenizer=None, eos_id: int | None = None,
+               sample_prompt: list[int] | None = None, sample_tokens: int = 200,
+               temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0,
+               sample_seed: int = 0):
+    self.cfg = cfg
+    self.model = GPT(cfg)
+    # Dropout is off when generating; decode mode keeps the KV cache.
+    self.decode_model = GPT(cfg.replace(decode=True, dropout_rate=0.0,
+                                        attention_dropout_rate=0.0))
+    self.tokenizer, self.eos_id = tokenizer, eos_id
+    self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
+    self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    self.sample_seed = sample_seed
+    # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
+    self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'))
+
+  # -- training -------------------------------------------------------------------------------
+
+  def init_variables(self, rng):
+    dummy = jnp.ones((1, min(8, self.cfg.max_len)), jnp.int32)  # shapes do not depend on T
+    return self.model.init({'params': rng, 'dropout': rng}, dummy)
+
+  def loss_fn(self, params, batch, rng, deterministic: bool):
+    """Mean next-token cross-entropy over every position (windows have no padding)."""
+    rngs = None if deterministic else {'dropout': rng}
+    logits = self.model.apply({'params': params}, batch['inputs'], deterministic=deterministic,
+                              rngs=rngs)
+    weights = jnp.ones(batch['targets'].shape, jnp.float32)
+    _, nll_sum, correct, weight = cross_entropy_sums(logits, batch['targets'], weights)
+    return nll_sum / weight, {'loss': nll_sum, 'correct': correct, 'weight': weight}
+
+  def count_tokens(self, batch) -> int:
+    return int(batch['inputs'].size)  # every position is trained on; id 0 is a real token
+
+  # -- generation -----------------------------------------------------------------------------
+
+  def _sample_segment(self, params, context, rng, temperature, top_k, top_p, *, num_new: int,
+                      eos_id: int | None):
+    """`num_new` tokens after `context` [B, L], with a cache of exactly L + num_new - 1 slots
+    (the last sampled token is never fed back)."""
+    batch, length = context.shape
+    cache_len = length + num_new - 1
+    # A decode-mode init on a full-length input allocates the cache; only its shapes are
+    # needed (it starts at zero), so trace instead of running it.
+    shapes = jax.eval_shape(self.decode_model.init, jax.random.key(0),
+                            jnp.zeros((batch, cache_len), jnp.int32))['cache']
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def run(tokens, cache):
+      logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
+                                                mutable=['cache'])
+      return logits, updated['cache']
+
+    if length > 1:  # Prefill: all but the last prompt token in one call.
+      _, cache = run(context[:, :-1], cache)
+
+    def tokens_to_logits(tokens, cache):
+      logits, cache = run(tokens, cache)
+      return logits[:, -1, :], cache
+
+    return decoding.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1],
+                           max_len=num_new, temperature=temperature, top_k=top_k, top_p=top_p,
+                           eos_id=eos_id)
+
+  def generate(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
+               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               eos_id: int | None = None) -> np.ndarray:
+    """Continues every row of `prompt_tokens` [B, P]; returns int32[B, max_new_tokens].
+
+    Sampling as in `decoding.sample` (temperature 0 = greedy). The same rng gives the same
+    tokens. With an EOS (default: the task's), a row is PAD after its EOS.
+
+    Context policy: the model never sees more than cfg.max_len tokens. A prompt longer than
+    that is cropped to its last max_len tokens (as nanoGPT does). While prompt + new tokens
+    fit in max_len, this is one prefill and one cached step per token. Beyond that the cache
+    is full; generation continues in segments, each re-reading the last max_len // 2 tokens
+    into a fresh cache and then sampling until the cache is full again.
+    """
+    if max_new_tokens < 1:
+      raise ConfigError(f'max_new_tokens must be positive, got {max_new_tokens}')
+    eos_id = self.eos_id if eos_id is None else eos_id
+    prompt = np.asarray(prompt_tokens, np.int32)
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+      raise ConfigError(f'prompt tokens must be [batch, length >= 1], got shape {prompt.shape}')
+    max_len = self.cfg.max_len
+    keep = max(1, max_len // 2)
+    knobs = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+    tokens = prompt[:, -max_len:]
+    produced, segment = [], 0
+    # Sampling batches are tiny: replicate them instead of splitting rows over the mesh.
+    with nn.logical_axis_rules(()):
+      while sum(p.shape[1] for p in produced) < max_new_tokens:
+        context = tokens if segment == 0 else tokens[:, -keep:]
+        remaining = max_new_tokens - sum(p.shape[1] for p in produced)
+        # Fill the cache (L + n - 1 == max_len); the first segment stops at the budget so a
+        # generation that fits is exactly one segment. Later ones keep one shape (one compile).
+        num_new = max_len + 1 - context.shape[1]
+        if segment == 0:
+          num_new = min(num_new, remaining)
+        new = np.asarray(jax.device_get(self._segment_fn(
+            params, jnp.asarray(context), jax.random.fold_in(rng, segment), *knobs,
+            num_new=num_new, eos_id=eos_id)))
+        produced.append(new)
+        tokens = np.concatenate([tokens, new], axis=1)
+        segment += 1
+        if eos_id is not None and np.all(np.any(np.concatenate(produced, 1) == eos_id, 1)):
+          break
+    out = np.concatenate(produced, axis=1)[:, :max_new_tokens]
+    if out.shape[1] < max_new_tokens:
+      out = np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])), constant_values=PAD_ID)
+    if eos_id is not None:  # Segments after a row's EOS continued blindly: blank them.
+      is_eos = out == eos_id
+      after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0  # an EOS strictly before
+      out = np.where(after_eos, PAD_ID, out)
+    return out
+
+  # -- evaluation -----------------------------------------------------------------------------
+
+  def sample_text(self, params, max_new_tokens: int | None = None) -> str:
+    """The fixed evaluation sample: fixed prompt, fixed seed (comparable across steps)."""
+    new = self.generate(params, np.asarray([self.sample_prompt], np.int32),
+                        max_new_tokens or self.sample_tokens, jax.random.key(self.sample_seed),
+                        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+    return self.tokenizer.decode(list(self.sample_prompt)) + self.tokenizer.decode(new[0])
+
+  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+    """Writes a generated sample to the log and TensorBoard; adds no metric."""
+    if self.tokenizer is None or not self.sample_prompt or self.sample_tokens <= 0:
+      return {}
+    start = time.time()
+    text = self.sample_text(params)
+    logging.info('step %d sample (%d tokens, %.1f s):\n%s', step, self.sample_tokens,
+                 time.time() - start, text)
+    trainer.write_text(step, 'samples', text.replace('\n', '  \n'))
+    return {}
+
