@@ -9,13 +9,14 @@ import pytest
 from transformer_jax.data import text
 from transformer_jax.errors import DataError
 
-MULTI30K_DIR = '/work/shared/data/multi30k'
+# The shared corpora sit beside the checkout (here and in CI): ../shared/data.
+MULTI30K_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..',
+                            'shared', 'data', 'multi30k')
 
 
 @pytest.fixture
 def multi30k_dir() -> str:
-  if not os.path.isdir(MULTI30K_DIR):
-    pytest.skip(f'{MULTI30K_DIR} is not available')
+  assert os.path.isdir(MULTI30K_DIR), f'{MULTI30K_DIR} is missing: the tests read ../shared/data'
   return MULTI30K_DIR
 
 

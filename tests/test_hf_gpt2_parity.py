@@ -1,6 +1,6 @@
 """Imported Hugging Face GPT-2 weights give the same logits as transformers' own model.
 
-Needs the optional `parity` extra (torch, transformers, safetensors); skipped without it. No
+Needs the `parity` extra (torch, transformers, safetensors): `pip install -e ".[test,parity]"`. No
 download: the reference model is built from a small config with seeded random weights.
 """
 
@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
-safetensors_numpy = pytest.importorskip('safetensors.numpy')
+import safetensors.numpy as safetensors_numpy
+import torch
+import transformers
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax.convert import hf_gpt2

@@ -232,7 +232,7 @@ def test_generate_cli_same_seed_same_text(trained_workdir):
 
 
 def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from experiments.configs import gpt2_small  # pylint: disable=g-import-not-at-top
   from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
   config = gpt2_small.get_config()
@@ -254,7 +254,7 @@ def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
 
 
 def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
   config = tiny_char_config(data__source='tfds', data__block_size=4, data__batch_size=2,
                             data__eval_batches=1, train__num_steps=2, train__log_every=1,

@@ -12,15 +12,16 @@ from transformer_jax.data import tokenizer as tok_lib
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.errors import DataError
 
-MULTI30K_DIR = '/work/shared/data/multi30k'
+# The shared corpora sit beside the checkout (here and in CI): ../shared/data.
+MULTI30K_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..',
+                            'shared', 'data', 'multi30k')
 NUM_LINES = 2000
 VOCAB_SIZE = 1000
 
 
 @pytest.fixture(scope='module')
 def sentences() -> list[str]:
-  if not os.path.isdir(MULTI30K_DIR):
-    pytest.skip(f'{MULTI30K_DIR} is not available')
+  assert os.path.isdir(MULTI30K_DIR), f'{MULTI30K_DIR} is missing: the tests read ../shared/data'
   src, tgt = text.read_parallel(*text.find_parallel_files(MULTI30K_DIR, 'train', 'en', 'de'))
   return src[:NUM_LINES] + tgt[:NUM_LINES]
 
