@@ -11,6 +11,7 @@ warmup tricks; Post-LN normalises the sum and needs warmup but often ends slight
 from typing import Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer_jax.attention import MultiHeadAttention
@@ -121,3 +122,13 @@ class StepPositions(nn.Module):
     start = counter.value
     counter.value = start + length
     return start + jnp.arange(length)
+
+
+def empty_cache(decode_model: nn.Module, *inputs) -> dict:
+  """The zero-filled 'cache' collection of a decode-mode model, sized by full-length `inputs`.
+
+  A decode-mode init on full-length inputs allocates the KV caches; their values start at zero,
+  so tracing the shapes (`eval_shape`) is enough and no forward pass runs.
+  """
+  shapes = jax.eval_shape(decode_model.init, jax.random.key(0), *inputs)['cache']
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

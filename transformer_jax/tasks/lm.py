@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from transformer_jax import decoding
+from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.errors import ConfigError
 from transformer_jax.losses import cross_entropy_sums
@@ -69,11 +70,7 @@ class LanguageModelTask:
     (the last sampled token is never fed back)."""
     batch, length = context.shape
     cache_len = length + num_new - 1
-    # A decode-mode init on a full-length input allocates the cache; only its shapes are
-    # needed (it starts at zero), so trace instead of running it.
-    shapes = jax.eval_shape(self.decode_model.init, jax.random.key(0),
-                            jnp.zeros((batch, cache_len), jnp.int32))['cache']
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    cache = empty_cache(self.decode_model, jnp.zeros((batch, cache_len), jnp.int32))
 
     def run(tokens, cache):
       logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,

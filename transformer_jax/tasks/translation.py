@@ -15,6 +15,7 @@ import sacrebleu
 from absl import logging
 
 from transformer_jax import decoding, sharding
+from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.losses import cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
@@ -61,12 +62,7 @@ class TranslationTask:
     """Best target token ids [B, max_len] for source ids [B, S] (beam 1 = greedy)."""
     batch_size = inputs.shape[0]
     encoded = self.model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
-    # The cache's shapes come from a decode-mode init on a full-length target; its values
-    # start at zero, so tracing the shapes is enough.
-    cache_shapes = jax.eval_shape(
-        functools.partial(self.decode_model.init, method=EncoderDecoder.__call__),
-        jax.random.key(0), inputs, jnp.zeros((batch_size, max_len), jnp.int32))['cache']
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
+    cache = empty_cache(self.decode_model, inputs, jnp.zeros((batch_size, max_len), jnp.int32))
     encoded_b = decoding.expand_to_beams(encoded, beam_size)
     inputs_b = decoding.expand_to_beams(inputs, beam_size)
 
