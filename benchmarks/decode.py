@@ -1,6 +1,9 @@
-r"""Per-token generation time of the baby GPT: KV cache vs recomputing the whole prefix.
+r"""Generation speed: KV cache vs recomputing the whole prefix, for GPT and translation.
 
-  python benchmarks/decode.py                 # contexts 64, 256, 1024; about a minute or two
+  python benchmarks/decode.py                 # both parts; a few minutes
+  python benchmarks/decode.py --parts=throughput --batch_sizes=1,16
+
+Part 'context' (the baby GPT, batch 1): per-token time as the context grows.
 
 For each context length C the model continues a C-token prompt:
   cached:    the prompt is prefilled once, then each new token is one cached step (attention
@@ -8,6 +11,13 @@ For each context length C the model continues a C-token prompt:
              greedy steps inside one jitted loop, prefill excluded;
   recompute: each new token is a full forward pass over the last C tokens (what generation
              without a cache costs); timed per call.
+Part 'throughput': generated tokens/s at each batch size, with and without the cache, for
+  gpt:         the baby GPT continuing a `--prompt`-token prompt by `--new_tokens` greedy tokens;
+  translation: the Multi30k model (3+3 layers, 256 wide, vocab 8000), beam 4 (alpha 0.6) over
+               `--source_len`-token sources for `--target_len` steps. Without the cache every
+               step reruns the decoder over the whole target buffer (the encoder runs once).
+  EOS is disabled so every run does the full number of steps (random parameters would stop
+  at random points); tokens/s counts the batch's output tokens (best beam), not beams.
 Parameters are random (speed does not depend on them). Last line: one JSON object.
 Targets: cached time at 1024 <= 1.3x that at 64, and cached >= 10x faster than recompute at 1024.
 """
@@ -31,6 +41,13 @@ from absl import app, flags, logging
 _CONTEXTS = flags.DEFINE_list('contexts', ['64', '256', '1024'], 'Prompt lengths to time.')
 _NEW = flags.DEFINE_integer('new_tokens', 64, 'Cached steps timed per context.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed repetitions; the fastest counts.')
+_PARTS = flags.DEFINE_list('parts', ['context', 'throughput'], "Of 'context', 'throughput'.")
+_BATCHES = flags.DEFINE_list('batch_sizes', ['1', '16'], 'Batch sizes for the throughput part.')
+_PROMPT = flags.DEFINE_integer('prompt', 64, 'GPT prompt length (throughput part).')
+_SOURCE_LEN = flags.DEFINE_integer('source_len', 24, 'Translation source length.')
+_TARGET_LEN = flags.DEFINE_integer('target_len', 32, 'Translation steps (output length).')
+_BEAM = flags.DEFINE_integer('beam_size', 4, 'Translation beam size.')
+NO_EOS = -1  # an id no step can emit: every decode runs its full length
 
 
 def fastest(fn, repeats: int) -> tuple[float, float]:
@@ -50,8 +67,145 @@ def fastest(fn, repeats: int) -> tuple[float, float]:
   return min(walls), min(cpus)
 
 
+def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> dict:
+  """Generated tokens/s of the baby GPT at `batch_size`, cached vs recomputed."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  from transformer_jax import decoding
+  from transformer_jax.blocks import empty_cache
+  from transformer_jax.models.gpt import GPT, gpt2_config
+
+  total = prompt_len + new
+  cfg = gpt2_config(vocab_size=65, emb_dim=128, num_heads=4, mlp_dim=512, num_decoder_layers=4,
+                    max_len=total, dropout_rate=0.0, attention_dropout_rate=0.0)
+  model, decoder = GPT(cfg), GPT(cfg.replace(decode=True))
+  params = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 8), jnp.int32))))(
+      jax.random.key(0))['params']
+  prompt = jax.random.randint(jax.random.key(1), (batch_size, prompt_len), 0, cfg.vocab_size)
+
+  @jax.jit
+  def cached(params, prompt):  # prefill + `new` cached greedy steps
+    cache = empty_cache(decoder, jnp.zeros((batch_size, total - 1), jnp.int32))
+    _, state = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
+                             mutable=['cache'])
+
+    def tokens_to_logits(tokens, cache):
+      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
+                                      mutable=['cache'])
+      return logits[:, -1], updated['cache']
+    return decoding.sample(tokens_to_logits, state['cache'], jax.random.key(0),
+                           first_tokens=prompt[:, -1], max_len=new, temperature=0.0)
+
+  @jax.jit
+  def recompute(params, prompt):  # every step a full causal pass over the whole buffer
+    buffer = jnp.zeros((batch_size, total), jnp.int32).at[:, :prompt_len].set(prompt)
+
+    def body(i, buffer):
+      position = prompt_len + i
+      logits = model.apply({'params': params}, buffer)
+      last = lax.dynamic_index_in_dim(logits, position - 1, axis=1, keepdims=False)
+      return lax.dynamic_update_index_in_dim(buffer, jnp.argmax(last, -1).astype(jnp.int32),
+                                             position, axis=1)
+    return lax.fori_loop(0, new, body, buffer)
+
+  out = {}
+  for name, fn in (('cached', cached), ('recompute', recompute)):
+    wall, cpu = fastest(lambda: fn(params, prompt), repeats)
+    out[name] = {'tokens_per_s': batch_size * new / wall, 'cpu_s': cpu, 'wall_s': wall}
+  return out
+
+
+def translation_throughput(batch_size: int, beam: int, source_len: int, target_len: int,
+                           repeats: int) -> dict:
+  """Output tokens/s of the Multi30k-size model with beam search, cached vs recomputed."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax import decoding
+  from transformer_jax.blocks import empty_cache
+  from transformer_jax.model_config import TransformerConfig
+  from transformer_jax.models.encoder_decoder import EncoderDecoder
+
+  cfg = TransformerConfig(vocab_size=8000, emb_dim=256, num_heads=4, mlp_dim=1024,
+                          num_encoder_layers=3, num_decoder_layers=3, max_len=256,
+                          dropout_rate=0.0, attention_dropout_rate=0.0)
+  model, decoder = EncoderDecoder(cfg), EncoderDecoder(cfg.replace(decode=True))
+  inputs = jax.random.randint(jax.random.key(1), (batch_size, source_len), 3, cfg.vocab_size)
+  params = jax.jit(lambda key: nn.meta.unbox(model.init(key, inputs[:1], inputs[:1, :4])))(
+      jax.random.key(0))['params']
+
+  def search(params, inputs, tokens_to_logits_fn, cache):
+    encoded = model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
+    encoded_b = decoding.expand_to_beams(encoded, beam)
+    inputs_b = decoding.expand_to_beams(inputs, beam)
+    sequences, _ = decoding.beam_search(
+        lambda tokens, cache: tokens_to_logits_fn(params, encoded_b, inputs_b, tokens, cache),
+        cache, batch_size=batch_size, beam_size=beam, max_len=target_len, alpha=0.6,
+        eos_id=NO_EOS)
+    return sequences[:, 0]
+
+  def cached_logits(params, encoded, inputs, tokens, cache):
+    logits, updated = decoder.apply({'params': params, 'cache': cache}, encoded, inputs, tokens,
+                                    method=EncoderDecoder.decode, mutable=['cache'])
+    return logits[:, -1], updated['cache']
+
+  def recomputed_logits(params, encoded, inputs, tokens, cache):
+    # The "cache" is the target history [N, target_len] (reordered with the beams) + the step.
+    history = jax.lax.dynamic_update_index_in_dim(cache['history'], tokens[:, 0], cache['step'],
+                                                  axis=1)
+    logits = model.apply({'params': params}, encoded, inputs, history,
+                         method=EncoderDecoder.decode)
+    last = jax.lax.dynamic_index_in_dim(logits, cache['step'], axis=1, keepdims=False)
+    return last, {'history': history, 'step': cache['step'] + 1}
+
+  @jax.jit
+  def cached(params, inputs):
+    cache = empty_cache(decoder, inputs, jnp.zeros((batch_size, target_len), jnp.int32))
+    return search(params, inputs, cached_logits, cache)
+
+  @jax.jit
+  def recompute(params, inputs):
+    cache = {'history': jnp.zeros((batch_size, target_len), jnp.int32),
+             'step': jnp.zeros((), jnp.int32)}
+    return search(params, inputs, recomputed_logits, cache)
+
+  out = {}
+  for name, fn in (('cached', cached), ('recompute', recompute)):
+    wall, cpu = fastest(lambda: fn(params, inputs), repeats)
+    out[name] = {'tokens_per_s': batch_size * target_len / wall, 'cpu_s': cpu, 'wall_s': wall}
+  return out
+
+
+def throughput_part(repeats: int) -> dict:
+  results = {'gpt': {}, 'translation': {}}
+  for batch in [int(b) for b in _BATCHES.value]:
+    g = gpt_throughput(batch, _NEW.value, _PROMPT.value, repeats)
+    results['gpt'][str(batch)] = g
+    print(f'gpt         batch {batch:3d}: cached {g["cached"]["tokens_per_s"]:9,.0f} tok/s, '
+          f'recompute {g["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
+    t = translation_throughput(batch, _BEAM.value, _SOURCE_LEN.value, _TARGET_LEN.value, repeats)
+    results['translation'][str(batch)] = t
+    print(f'translation batch {batch:3d} beam {_BEAM.value}: cached '
+          f'{t["cached"]["tokens_per_s"]:9,.0f} tok/s, recompute '
+          f'{t["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
+  return results
+
+
 def main(argv):
   del argv
+  out = {'benchmark': 'decode'}
+  if 'throughput' in _PARTS.value:
+    out['throughput'] = throughput_part(_REPEATS.value)
+  if 'context' in _PARTS.value:
+    out.update(context_part())
+  print(json.dumps(out))
+
+
+def context_part() -> dict:
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -106,7 +260,7 @@ def main(argv):
 
   first, last = contexts[0], contexts[-1]
   out = {
-      'benchmark': 'decode', 'device': jax.devices()[0].platform, 'new_tokens': new,
+      'device': jax.devices()[0].platform, 'new_tokens': new,
       'cached_ms_per_token': {str(c): round(r[0][0] * 1e3, 4) for c, r in results.items()},
       'recompute_ms_per_token': {str(c): round(r[1][0] * 1e3, 4) for c, r in results.items()},
       'cached_cpu_ms_per_token': {str(c): round(r[0][1] * 1e3, 4) for c, r in results.items()},
@@ -117,7 +271,7 @@ def main(argv):
           results[last][0][1] / results[first][0][1], 3),
       f'speedup_at_{last}': round(results[last][1][0] / results[last][0][0], 1),
   }
-  print(json.dumps(out))
+  return out
 
 
 if __name__ == '__main__':

@@ -1,7 +1,14 @@
-r"""Train-step speed of our GPT against a plain PyTorch eager GPT of the same shape, on CPU.
+r"""Train-step speed of our models against plain PyTorch eager models of the same shape, on CPU.
 
-  python benchmarks/train_step.py                 # baby and mid, 3 rounds (~5-6 min, 2 idle cores)
+  python benchmarks/train_step.py                 # baby and mid GPT, 3 rounds (~5-6 min, 2 cores)
   python benchmarks/train_step.py --rounds=5 --configs=mid
+  python benchmarks/train_step.py --rounds=2 --configs=multi30k,bert
+
+Configs: GPT 'baby' and 'mid' (shakespeare_char sizes); 'multi30k', the translation model of
+experiments/configs/multi30k.py (3+3 layers, 256 wide, vocab 8000) on 128 pairs of 32+32 tokens,
+PyTorch side `torch.nn.Transformer` (benchmarks/torch_translation.py); 'bert', MiniLM-L6 size
+(6 layers, 384 wide, 12 heads, vocab 30522) sequence classification at sequence 128, PyTorch
+side Hugging Face `BertForSequenceClassification` (benchmarks/torch_bert.py).
 
 What is timed: one full training update (forward, loss, backward, global-norm clip, AdamW) in
 fp32 with dropout 0. For JAX it is the real trainer's step (`trainer.make_train_step` over
@@ -16,6 +23,10 @@ run also times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ce
 Model FLOPs per trained token = 6 * N + 12 * L * T * D, N = non-embedding parameters, L layers,
 T block size, D width (Kaplan et al. 2020 / PaLM appendix B; the 12LTD attention term counts the
 full T x T score matrix, as those formulas do, although causal kernels may skip half of it).
+For the translation model and BERT the same rule is applied per stack with N = matmul weights
+(encoder on source tokens; decoder and the tied output projection on target tokens; attention
+12 * D * query length * key length per layer, cross-attention included). Tokens/s counts target
+tokens for translation and input tokens for BERT.
 
 Last line of output: one JSON object with every figure.
 """
@@ -42,11 +53,17 @@ import numpy as np
 from absl import app, flags
 
 CONFIGS = {
-    'baby': dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, vocab_size=65),
-    'mid': dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16, vocab_size=65),
+    'baby': dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
+                 vocab_size=65),
+    'mid': dict(kind='gpt', n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16,
+                vocab_size=65),
+    'multi30k': dict(kind='translation', n_layer=3, n_head=4, n_embd=256, mlp=1024,
+                     source_length=32, block_size=32, batch_size=128, vocab_size=8000),
+    'bert': dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128,
+                 batch_size=32, vocab_size=30522),
 }
 # (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
-DEFAULT_STEPS = {'baby': (5, 40), 'mid': (1, 4)}
+DEFAULT_STEPS = {'baby': (5, 40), 'mid': (1, 4), 'multi30k': (1, 4), 'bert': (1, 4)}
 FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
 MATMUL_N = 2048
 
@@ -57,6 +74,8 @@ _STEPS = flags.DEFINE_list('steps', [], 'Per-config "name:warmup:timed" step cou
 _TORCH = flags.DEFINE_bool('torch', True, 'Also time the PyTorch baseline (if torch is installed).')
 _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads for PyTorch.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
+_SCAN = flags.DEFINE_bool('scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
+                          'one layer instead of all: shorter time to the first step).')
 # Internal: a child process runs one variant ("jax-baby", "torch-mid", ...).
 _VARIANT = flags.DEFINE_string('variant', None, 'Internal: run one variant and print its JSON.')
 _WARMUP = flags.DEFINE_integer('warmup', None, 'Internal: warm-up steps for --variant.')
@@ -64,16 +83,48 @@ _TIMED = flags.DEFINE_integer('timed_steps', None, 'Internal: timed steps for --
 
 
 def model_flops_per_token(non_embedding_params: int, spec: dict) -> float:
-  return (6.0 * non_embedding_params
-          + 12.0 * spec['n_layer'] * spec['block_size'] * spec['n_embd'])
+  """Training FLOPs per counted token (see the module docstring)."""
+  d, layers, t = spec['n_embd'], spec['n_layer'], spec['block_size']
+  if spec['kind'] == 'gpt':
+    return 6.0 * non_embedding_params + 12.0 * layers * t * d
+  encoder_layer = 4 * d * d + 2 * d * spec['mlp']
+  if spec['kind'] == 'bert':
+    return 6.0 * layers * encoder_layer + 12.0 * layers * t * d
+  s = spec['source_length']  # translation: per target token, source side scaled by s / t
+  decoder_layer = encoder_layer + 4 * d * d
+  return (6.0 * (layers * encoder_layer * s / t + layers * decoder_layer
+                 + spec['vocab_size'] * d)
+          + 12.0 * layers * d * (s * s / t + t + s))
 
 
-def _random_batches(spec: dict, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-  """A few fixed (inputs, targets) batches of uniform random tokens, cycled through."""
+def _random_batches(spec: dict, count: int, seed: int) -> list[dict[str, np.ndarray]]:
+  """A few fixed batches of uniform random tokens, cycled through (the trainer's batch keys).
+
+  Translation and BERT rows get right padding of random length (real batches have it, and it
+  exercises the padding masks); token ids start at 3 so no real token is padding.
+  """
   rng = np.random.default_rng(seed)
-  shape = (spec['batch_size'], spec['block_size'])
-  return [(rng.integers(0, spec['vocab_size'], shape, dtype=np.int32),
-           rng.integers(0, spec['vocab_size'], shape, dtype=np.int32)) for _ in range(count)]
+  b, t, vocab = spec['batch_size'], spec['block_size'], spec['vocab_size']
+  tokens = lambda length: rng.integers(3, vocab, (b, length), dtype=np.int32)
+
+  def pad_rows(x, min_length):
+    lengths = rng.integers(min_length, x.shape[1] + 1, b)
+    x[np.arange(x.shape[1])[None, :] >= lengths[:, None]] = 0
+    return x
+
+  batches = []
+  for _ in range(count):
+    if spec['kind'] == 'gpt':
+      batches.append({'inputs': tokens(t), 'targets': tokens(t)})
+    elif spec['kind'] == 'translation':
+      batches.append({'inputs': pad_rows(tokens(spec['source_length']), 8),
+                      'targets': pad_rows(tokens(t), 8)})
+    else:
+      inputs = pad_rows(tokens(t), t // 2)
+      batches.append({'inputs': inputs, 'segments': np.zeros_like(inputs),
+                      'labels': rng.integers(0, 2, b, dtype=np.int32),
+                      'weights': np.ones(b, np.float32)})
+  return batches
 
 
 def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
@@ -116,19 +167,10 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   import jax.numpy as jnp
   import ml_collections
   from transformer_jax import sharding
-  from transformer_jax.models.gpt import gpt2_config
   from transformer_jax.optim import make_optimizer
   from transformer_jax.trainer import TrainState, make_train_step
 
-  cfg = gpt2_config(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'],
-                    num_heads=spec['n_head'], mlp_dim=4 * spec['n_embd'],
-                    num_decoder_layers=spec['n_layer'], max_len=spec['block_size'],
-                    dropout_rate=0.0, attention_dropout_rate=0.0)
-  try:
-    from transformer_jax.tasks.lm import LanguageModelTask
-    task, loss_impl = LanguageModelTask(cfg), 'tasks.lm.LanguageModelTask'
-  except ImportError:
-    task, loss_impl = _LocalLMTask(cfg), 'local cross_entropy_sums'
+  task, loss_impl = _jax_task(spec)
   # The trainer's optimizer (clip 1.0 + AdamW on matrices), as torch_gpt.make_optimizer.
   tx, _ = make_optimizer(ml_collections.ConfigDict(dict(
       learning_rate=3e-4, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
@@ -149,12 +191,11 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   with sharding.use_mesh(mesh, rules):
     state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
                     out_shardings=state_shardings)(jax.random.key(seed))
+    embeddings = ('token_embed', 'position_embedding', 'target_embed', 'segment_embedding')
     non_embedding = sum(
         x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
-        if not any(getattr(k, 'key', None) in ('token_embed', 'position_embedding') for k in path))
-    batches = [{'inputs': jax.device_put(x, batch_sharding),
-                'targets': jax.device_put(y, batch_sharding)}
-               for x, y in _random_batches(spec, 4, seed)]
+        if not any(getattr(k, 'key', None) in embeddings for k in path))
+    batches = [jax.device_put(batch, batch_sharding) for batch in _random_batches(spec, 4, seed)]
 
     def step(state, batch):
       state, metrics = train_step(state, batch)
@@ -171,6 +212,32 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
                 matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
                 jax_version=jax.__version__, backend=jax.default_backend())
   return result
+
+
+def _jax_task(spec: dict):
+  """(task, description) of the real training task for the config's model."""
+  common = dict(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'], num_heads=spec['n_head'],
+                dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value)
+  if spec['kind'] == 'translation':
+    from transformer_jax.model_config import TransformerConfig
+    from transformer_jax.tasks.translation import TranslationTask
+    # experiments/configs/translate_common.py + multi30k.py, dropout off.
+    cfg = TransformerConfig(mlp_dim=spec['mlp'], num_encoder_layers=spec['n_layer'],
+                            num_decoder_layers=spec['n_layer'], max_len=256, **common)
+    return TranslationTask(cfg, label_smoothing=0.1), 'tasks.translation.TranslationTask'
+  if spec['kind'] == 'bert':
+    from transformer_jax.models.bert import bert_config
+    from transformer_jax.tasks.bert import BertClassificationTask
+    cfg = bert_config(mlp_dim=spec['mlp'], num_encoder_layers=spec['n_layer'], **common)
+    return BertClassificationTask(cfg, 2), 'tasks.bert.BertClassificationTask'
+  from transformer_jax.models.gpt import gpt2_config
+  cfg = gpt2_config(mlp_dim=4 * spec['n_embd'], num_decoder_layers=spec['n_layer'],
+                    max_len=spec['block_size'], **common)
+  try:
+    from transformer_jax.tasks.lm import LanguageModelTask
+    return LanguageModelTask(cfg), 'tasks.lm.LanguageModelTask'
+  except ImportError:
+    return _LocalLMTask(cfg), 'local cross_entropy_sums'
 
 
 class _LocalLMTask:
@@ -201,22 +268,40 @@ def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
 
   torch.set_num_threads(_TORCH_THREADS.value)
   torch.manual_seed(seed)
-  model = torch_gpt.TorchGPT(torch_gpt.TorchGPTConfig(
-      vocab_size=spec['vocab_size'], block_size=spec['block_size'], n_layer=spec['n_layer'],
-      n_head=spec['n_head'], n_embd=spec['n_embd'], dropout=0.0))
+  batches = [{k: torch.from_numpy(v).long() if v.dtype != np.float32 else torch.from_numpy(v)
+              for k, v in batch.items()} for batch in _random_batches(spec, 4, seed)]
+  if spec['kind'] == 'gpt':
+    model = torch_gpt.TorchGPT(torch_gpt.TorchGPTConfig(
+        vocab_size=spec['vocab_size'], block_size=spec['block_size'], n_layer=spec['n_layer'],
+        n_head=spec['n_head'], n_embd=spec['n_embd'], dropout=0.0))
+    train_step = lambda b: torch_gpt.train_step(model, optimizer, b['inputs'], b['targets'])
+    non_embedding = model.num_params(non_embedding=True)
+  elif spec['kind'] == 'translation':
+    from benchmarks import torch_translation
+    model = torch_translation.TorchTranslation(torch_translation.TorchTranslationConfig(
+        vocab_size=spec['vocab_size'], d_model=spec['n_embd'], n_head=spec['n_head'],
+        d_ff=spec['mlp'], n_encoder_layers=spec['n_layer'], n_decoder_layers=spec['n_layer']))
+    train_step = lambda b: torch_translation.train_step(model, optimizer, b['inputs'],
+                                                        b['targets'])
+    non_embedding = model.num_params() - model.embed.weight.numel()
+  else:
+    from benchmarks import torch_bert
+    model = torch_bert.make_model(spec['vocab_size'], spec['n_embd'], spec['n_head'],
+                                  spec['mlp'], spec['n_layer'])
+    train_step = lambda b: torch_bert.train_step(model, optimizer, b['inputs'], b['segments'],
+                                                 b['labels'])
+    non_embedding = sum(p.numel() for n, p in model.named_parameters() if 'embeddings' not in n)
   model.train()
   optimizer = torch_gpt.make_optimizer(model)
-  batches = [(torch.from_numpy(x).long(), torch.from_numpy(y).long())
-             for x, y in _random_batches(spec, 4, seed)]
 
   def step(state, batch):
-    return state, torch_gpt.train_step(model, optimizer, *batch)
+    return state, train_step(batch)
 
   _, result = _timed_loop(step, None, batches, warmup, timed, lambda _: None)  # eager: synced
   a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
   torch.mm(a, b)
   seconds = _best_seconds(lambda: torch.mm(a, b))
-  result.update(non_embedding_params=model.num_params(non_embedding=True),
+  result.update(non_embedding_params=non_embedding,
                 torch_matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
                 torch_version=torch.__version__, torch_threads=torch.get_num_threads())
   return result
@@ -231,6 +316,7 @@ def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
   run = run_jax if framework == 'jax' else run_torch
   result = run(spec, warmup, timed, seed)
   tokens = spec['batch_size'] * spec['block_size']
+  # GPT: the measured parameter count, as before; others: the analytic one (same both sides).
   flops_per_step = model_flops_per_token(result['non_embedding_params'], spec) * tokens
   seconds = result['seconds_per_step']
   result.update(variant=variant, framework=framework, config=name, tokens_per_step=tokens,
@@ -259,7 +345,8 @@ def _spawn(variant: str, warmup: int, timed: int) -> dict:
   """Runs one variant in a fresh interpreter (same allocator env) and parses its JSON."""
   command = [sys.executable, os.path.abspath(__file__), f'--variant={variant}',
              f'--warmup={warmup}', f'--timed_steps={timed}', f'--seed={_SEED.value}',
-             f'--torch_threads={_TORCH_THREADS.value}']
+             f'--torch_threads={_TORCH_THREADS.value}',
+             f'--{"" if _SCAN.value else "no"}scan_layers']
   proc = subprocess.run(command, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
     sys.stderr.write(proc.stderr[-4000:])
@@ -351,6 +438,7 @@ def main(argv):
       'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
       'allocator': runtime.allocator_description(), 'flops_formula': FLOPS_FORMULA,
       'precision': 'float32', 'dropout': 0.0, 'torch_baseline': with_torch,
+      'scan_layers': _SCAN.value,
       'wall_seconds': time.time() - start, 'configs': summaries}))
 
 

@@ -359,7 +359,7 @@ def test_decode_mode_init_allocates_a_zero_cache_of_the_full_length():
   cache = variables['cache']
   assert set(cache) == {'cached_key', 'cached_value'}
   for name in ('cached_key', 'cached_value'):
-    assert cache[name].shape == (B, 7, 2, EMB // H)
+    assert cache[name].shape == (B, 2, 7, EMB // H)  # heads-major [B, K, S, D]
     np.testing.assert_array_equal(cache[name], 0.0)
   # The allocating call attends like a normal (here unmasked) forward pass.
   params = variables['params']
@@ -382,7 +382,7 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   variables = jax.eval_shape(decoder.init, jax.random.key(0), x)
   params = randomise(variables['params'], 4)
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables['cache'])
-  assert cache['cached_key'].shape == (B, length, cfg.kv_heads, cfg.qkv_dim)
+  assert cache['cached_key'].shape == (B, cfg.kv_heads, length, cfg.qkv_dim)
 
   full = MultiHeadAttention(cfg).apply({'params': params}, x,
                                        mask=attention.make_causal_mask(length))
@@ -394,7 +394,7 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
     np.testing.assert_allclose(out[:, 0], full[:, t], rtol=1e-5, atol=1e-5,
                                err_msg=f'step {t}')
   # Every slot of the cache has been written.
-  assert np.all(np.abs(np.asarray(cache['cached_key'])).sum(axis=(2, 3)) > 0)
+  assert np.all(np.abs(np.asarray(cache['cached_key'])).sum(axis=(1, 3)) > 0)
 
 
 def test_rotary_self_attention_depends_on_positions():

@@ -1,0 +1,120 @@
+"""The compiled train step keeps its matmuls 2-D: no transposing copies outside attention.
+
+On XLA:CPU a Dense layer fed (B, T, D) activations makes the weight-gradient dot contract two
+axes, and XLA inserts transposes fused into the GELU/LayerNorm backward (a third of a small GPT
+step). `dense.DenseGeneral` flattens to (B*T, D); these tests read the optimised HLO of a real
+train step (`jit(...).lower(...).compile().as_text()`) and fail if that regresses. Attention
+itself is 4-D and moves heads around by design, so its own transposes are allowed.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.gpt import gpt2_config
+from transformer_jax.optim import make_optimizer
+from transformer_jax.tasks.lm import LanguageModelTask
+from transformer_jax.tasks.translation import TranslationTask
+from transformer_jax.trainer import TrainState, make_train_step
+
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%(\S+) = (\S+) (\w[\w-]*)\((.*?)\)(.*)$')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_DENSE_LAYERS = ('query', 'key', 'value', 'out', 'wi', 'wo', 'wi_gate', 'wi_up', 'lm_head')
+
+
+def parse(hlo: str) -> list[dict]:
+  """Instructions of every computation (fused ones included): name, shape, opcode, op_name."""
+  result = []
+  for line in hlo.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match:
+      name, shape, opcode, operands, rest = match.groups()
+      op_name = _OP_NAME.search(rest)
+      result.append(dict(name=name, shape=shape, opcode=opcode, operands=operands, rest=rest,
+                         op_name=op_name.group(1) if op_name else ''))
+  return result
+
+
+def transposes_outside_attention(hlo: str) -> list[str]:
+  """Transposes (and copies of transposes, i.e. materialised ones) not made by attention."""
+  instructions = parse(hlo)
+  transposed = {i['name'] for i in instructions if i['opcode'] == 'transpose'}
+  bad = []
+  for i in instructions:
+    is_transpose = i['opcode'] == 'transpose' or (
+        i['opcode'] == 'copy' and i['operands'].lstrip('%') in transposed)
+    if is_transpose and '_attention/' not in i['op_name']:
+      bad.append(f"{i['name']} {i['shape']} ({i['op_name']})")
+  return bad
+
+
+def rank(shape: str) -> int:
+  dims = re.match(r'\w+\[([^\]]*)\]', shape).group(1)
+  return len(dims.split(',')) if dims else 0
+
+
+def dense_dots(hlo: str) -> list[dict]:
+  """Dots the Dense layers produced (forward and both backward matmuls); attention's own
+  einsums carry their equation ('...->...') in op_name and are left out."""
+  layer = re.compile(r'/(%s)/|\.attend/' % '|'.join(_DENSE_LAYERS))
+  return [i for i in parse(hlo) if i['opcode'] == 'dot' and layer.search(i['op_name'])
+          and '->' not in i['op_name']]
+
+
+def compiled_train_step(task, batch) -> str:
+  tx, _ = make_optimizer(ml_collections.ConfigDict(dict(
+      learning_rate=1e-3, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
+      weight_decay=0.1, grad_clip_norm=1.0)))
+  params = nn.meta.unbox(task.init_variables(jax.random.key(0))['params'])
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  step = jax.jit(make_train_step(task.loss_fn, tx, 0), donate_argnums=(0,))
+  return step.lower(state, batch).compile().as_text()
+
+
+def tiny_gpt():
+  cfg = gpt2_config(vocab_size=65, emb_dim=64, num_heads=4, mlp_dim=256, num_decoder_layers=2,
+                    max_len=128, dropout_rate=0.1, attention_dropout_rate=0.0)
+  tokens = np.random.RandomState(0).randint(0, 65, (4, 128)).astype(np.int32)
+  return LanguageModelTask(cfg), {'inputs': tokens, 'targets': tokens}
+
+
+def tiny_translation():
+  cfg = TransformerConfig(vocab_size=64, emb_dim=64, num_heads=4, mlp_dim=256,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=64,
+                          dropout_rate=0.1, attention_dropout_rate=0.0)
+  r = np.random.RandomState(0)
+  inputs, targets = r.randint(3, 64, (4, 40)), r.randint(3, 64, (4, 32))
+  inputs[1, 30:], targets[1, 20:] = 0, 0
+  return TranslationTask(cfg), {'inputs': inputs.astype(np.int32),
+                                'targets': targets.astype(np.int32)}
+
+
+@pytest.mark.parametrize('make_task', [tiny_gpt, tiny_translation])
+def test_train_step_has_no_transposing_copies_feeding_dots(make_task):
+  hlo = compiled_train_step(*make_task())
+  assert transposes_outside_attention(hlo) == []
+  dots = dense_dots(hlo)
+  assert len(dots) >= 3 * 6  # forward, input-gradient and weight-gradient dot per projection
+  for dot in dots:  # each one plain (tokens, in) x (in, out): no batch dims, rank 2
+    assert rank(dot['shape']) == 2, dot
+    assert 'lhs_batch_dims' not in dot['rest'], dot
+
+
+def test_detector_flags_a_three_dimensional_dense():
+  """The check can fail: a (B, T, D) einsum MLP + LayerNorm gets transposes in its backward."""
+  def loss(params, x):
+    w1, w2 = params
+    h = jax.nn.gelu(jnp.einsum('btd,df->btf', x, w1))
+    y = jnp.einsum('btf,fd->btd', h, w2)
+    y = (y - y.mean(-1, keepdims=True)) * jax.lax.rsqrt(y.var(-1, keepdims=True) + 1e-5)
+    return jnp.sum(y ** 2)
+
+  params = (jnp.ones((64, 256)), jnp.ones((256, 64)))
+  hlo = jax.jit(jax.grad(loss)).lower(params, jnp.ones((4, 128, 64))).compile().as_text()
+  assert transposes_outside_attention(hlo)
