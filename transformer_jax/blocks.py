@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from transformer_jax.attention import MultiHeadAttention
 from transformer_jax.embedding import Embed
+from transformer_jax.errors import ConfigError
 from transformer_jax.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.normalization import make_norm
@@ -25,14 +26,23 @@ ACTIVATION_AXES = ('batch', 'length', 'embed')
 
 
 class TransformerBlock(nn.Module):
-  """Self-attention (+ cross-attention) + feed-forward, each a residual sublayer."""
+  """Self-attention (+ cross-attention) + feed-forward, each a residual sublayer.
+
+  Arguments may be passed positionally (nn.remat/nn.scan need that): `bias` is a precomputed
+  self-attention bias [1, H, T, T], the alternative to `bias_fn`. With `scan_carry` it returns
+  (x, None), the carry/output pair nn.scan expects.
+  """
   cfg: TransformerConfig
   cross_attention: bool = False
+  scan_carry: bool = False
+  causal: bool = False  # self-attention is causal (lets attention skip the hidden blocks)
 
   @nn.compact
-  def __call__(self, x, encoded=None, *, self_mask=None, cross_mask=None, bias_fn=None,
-               positions=None, deterministic: bool = True):
+  def __call__(self, x, encoded=None, self_mask=None, cross_mask=None, bias=None,
+               positions=None, deterministic: bool = True, *, bias_fn=None):
     cfg = self.cfg
+    if bias is not None:
+      bias_fn = lambda q_positions, k_positions: bias
 
     def residual(x, sublayer: Callable, name: str):
       norm = make_norm(cfg, f'{name}_norm')
@@ -43,14 +53,15 @@ class TransformerBlock(nn.Module):
         x = norm(x + dropout(sublayer(x), deterministic=deterministic))
       return nn.with_logical_constraint(x, ACTIVATION_AXES)
 
-    x = residual(x, lambda h: MultiHeadAttention(cfg, name='self_attention')(
+    x = residual(x, lambda h: MultiHeadAttention(cfg, causal=self.causal, name='self_attention')(
         h, mask=self_mask, bias_fn=bias_fn, positions=positions, deterministic=deterministic),
         'self_attention')
     if self.cross_attention:
       x = residual(x, lambda h: MultiHeadAttention(cfg, name='cross_attention')(
           h, encoded, mask=cross_mask, deterministic=deterministic), 'cross_attention')
-    return residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic),
-                    'mlp')
+    x = residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic),
+                 'mlp')
+    return (x, None) if self.scan_carry else x
 
 
 class TransformerStack(nn.Module):
@@ -72,12 +83,52 @@ class TransformerStack(nn.Module):
           cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
           bidirectional=not self.causal, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
           name='relative_bias')
-    for i in range(self.num_layers):
-      x = TransformerBlock(cfg, self.cross_attention, name=f'layer_{i}')(
-          x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias_fn=bias_fn,
-          positions=positions, deterministic=deterministic)
+    remat = cfg.remat_policy != 'none' and not cfg.decode  # no backward pass when decoding
+    if not (remat or cfg.scan_layers):
+      for i in range(self.num_layers):
+        x = TransformerBlock(cfg, self.cross_attention, causal=self.causal, name=f'layer_{i}')(
+            x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias_fn=bias_fn,
+            positions=positions, deterministic=deterministic)
+    else:
+      x = self._transformed_layers(x, encoded, self_mask, cross_mask, bias_fn, positions,
+                                   deterministic, remat)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
+    return x
+
+  def _transformed_layers(self, x, encoded, self_mask, cross_mask, bias_fn, positions,
+                          deterministic, remat: bool):
+    """The layers under nn.remat (per layer) and/or nn.scan (one traced layer, stacked params).
+
+    Lifted transforms take arrays, not modules: a relative bias is computed here once, for the
+    T self-attention keys of a (non-decode) pass, and handed to every layer as an array.
+    """
+    cfg = self.cfg
+    bias = None
+    if bias_fn is not None:
+      if cfg.decode:
+        raise ConfigError("scan_layers cannot decode with position='relative' (the bias spans the "
+                          'KV cache); decode with an unrolled model: scan_layout.unstack_layers '
+                          'converts the params')
+      length = x.shape[1]
+      bias = bias_fn(positions if positions is not None else jnp.arange(length),
+                     jnp.arange(length))
+    block = TransformerBlock
+    if remat:
+      # deterministic (argument 7, counting the module) must stay a Python bool.
+      block = nn.remat(block, policy=getattr(jax.checkpoint_policies, cfg.remat_policy),
+                       prevent_cse=not cfg.scan_layers, static_argnums=(7,))
+    args = (encoded, self_mask, cross_mask, bias, positions, deterministic)
+    if not cfg.scan_layers:
+      for i in range(self.num_layers):
+        x = block(cfg, self.cross_attention, causal=self.causal, name=f'layer_{i}')(x, *args)
+      return x
+    scanned = nn.scan(block, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
+                      split_rngs={'params': True, 'dropout': True},
+                      in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
+                      metadata_params={nn.PARTITION_NAME: 'layers'})
+    x, _ = scanned(cfg, self.cross_attention, scan_carry=True, causal=self.causal,
+                   name='layers')(x, *args)
     return x
 
 

@@ -16,8 +16,12 @@ NORM_TYPES = ('layernorm', 'rmsnorm')
 NORM_POSITIONS = ('pre', 'post')
 POSITION_TYPES = ('sinusoidal', 'learned', 'rotary', 'relative', 'none')
 ACTIVATIONS = ('relu', 'gelu', 'gelu_exact', 'silu', 'swiglu', 'geglu', 'reglu')
-ATTENTION_IMPLEMENTATIONS = ('auto', 'reference', 'chunked', 'xla', 'cudnn')
+ATTENTION_IMPLEMENTATIONS = ('auto', 'reference', 'chunked', 'xla', 'cudnn', 'pallas')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+# Rematerialisation policies (names in jax.checkpoint_policies): what each layer keeps from the
+# forward pass for the backward pass; everything else is recomputed. 'none' = no remat.
+REMAT_POLICIES = ('none', 'nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable',
+                  'everything_saveable')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,10 @@ class TransformerConfig:
   dtype: Any = jnp.float32          # compute dtype
   param_dtype: Any = jnp.float32
   decode: bool = False              # autoregressive decoding with a KV cache
+  # Efficiency switches (blocks.TransformerStack): remat each layer with this policy; run the
+  # identical layers as one nn.scan (params stacked under 'layers', see scan_layout.py).
+  remat_policy: str = 'none'
+  scan_layers: bool = False
 
   def __post_init__(self):
     self.validate()
@@ -96,6 +104,8 @@ class TransformerConfig:
           f'attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, '
           f'got {self.attention_implementation!r}')
     check(self.position != 'rotary' or self.qkv_dim % 2 == 0, 'rotary positions need an even head_dim')
+    check(self.remat_policy in REMAT_POLICIES,
+          f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
           'dropout rates must be in [0, 1)')
 

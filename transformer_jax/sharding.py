@@ -33,6 +33,7 @@ LOGICAL_AXIS_RULES = (
     ('kv', None),
     ('position', None),
     ('relpos_buckets', None),
+    ('layers', None),  # the stacked-layer axis of scan_layers params: every device holds all
 )
 
 
@@ -84,6 +85,15 @@ def tree_shardings(mesh: Mesh, boxed_abstract_tree, rules=LOGICAL_AXIS_RULES):
   """
   specs = nn.get_partition_spec(boxed_abstract_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def bytes_per_device(tree) -> dict:
+  """{device: bytes of `tree`'s shards it holds}: what sharding saves in memory, per device."""
+  totals = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in getattr(leaf, 'addressable_shards', ()):
+      totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+  return totals
 
 
 @contextlib.contextmanager

@@ -8,11 +8,9 @@ host (data position, timers, writers) lives in `Trainer`. The dropout key for st
 fold_in(key(seed), s), so a resumed run draws exactly the same randomness.
 """
 
-import dataclasses
 import json
 import math
 import os
-import signal
 import time
 from typing import Any, Callable, Iterator, Protocol
 
@@ -24,7 +22,8 @@ import numpy as np
 import optax
 from absl import logging
 
-from transformer_jax import sharding
+from transformer_jax import distributed, preemption, sharding
+from transformer_jax.accumulation import accumulated_value_and_grad
 from transformer_jax.checkpointing import Checkpointer
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.optim import make_optimizer
@@ -48,6 +47,8 @@ class Task(Protocol):
 
   # Optional: `count_tokens(batch) -> int`, the tokens a batch trains on (for tokens/s); the
   # default counts non-padding ids in 'inputs' and 'targets'.
+  # Optional: `summary_images(params) -> {tag: uint8 [H, W, 3]}`, pictures (attention maps of a
+  # fixed sample) written to TensorBoard at every evaluation; run on every process.
 
 
 @flax.struct.dataclass
@@ -61,14 +62,23 @@ class NonFiniteError(UserError):
   """Too many consecutive non-finite steps: the run stops, keeping the last good checkpoint."""
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, seed: int):
-  """(state, batch) -> (state, metrics); a non-finite loss or gradient skips the update."""
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, seed: int,
+                    accumulation_steps: int = 1):
+  """(state, batch) -> (state, metrics); a non-finite loss or gradient skips the update.
+
+  With accumulation_steps k > 1 the batch is k micro-batches, run one at a time
+  (`accumulation.py`): the same update with 1/k of the activation memory.
+  """
   base_key = jax.random.key(seed)
 
   def train_step(state: TrainState, batch: Batch):
     rng = jax.random.fold_in(base_key, state.step)
-    grad_fn = jax.value_and_grad(lambda p: loss_fn(p, batch, rng, False), has_aux=True)
-    (loss, metrics), grads = grad_fn(state.params)
+    if accumulation_steps > 1:
+      (loss, metrics), grads = accumulated_value_and_grad(loss_fn, state.params, batch, rng,
+                                                          accumulation_steps)
+    else:
+      grad_fn = jax.value_and_grad(lambda p: loss_fn(p, batch, rng, False), has_aux=True)
+      (loss, metrics), grads = grad_fn(state.params)
     grad_norm = optax.global_norm(grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
@@ -115,6 +125,7 @@ class Trainer:
     self.config = config
     self.task = task
     self.workdir = workdir
+    distributed.initialize(config)  # multi-host jobs: before anything touches the devices
     self.mesh = mesh if mesh is not None else sharding.make_mesh(config.get('mesh', None))
     self.rules = sharding.LOGICAL_AXIS_RULES
     train = config.train
@@ -122,18 +133,22 @@ class Trainer:
       if int(train[key]) < 0 or (key in ('num_steps', 'log_every') and int(train[key]) == 0):
         raise ConfigError(f'train.{key} must be positive, got {train[key]}')
     self.tx, self.schedule = make_optimizer(config.optimizer)
+    self.accumulation_steps = int(train.get('accumulation_steps', 1))
+    if self.accumulation_steps < 1:
+      raise ConfigError(f'train.accumulation_steps must be >= 1, got {self.accumulation_steps}')
     self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
                                      max_to_keep=int(train.get('keep_checkpoints', 3)),
                                      save_every=int(train.checkpoint_every))
+    self._build_state_shardings()
+    self.checkpointer.check_fits(self.abstract_state)  # a changed model fails before any write
     self.is_chief = jax.process_index() == 0
     self.writer = None
     if self.is_chief:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-    self._build_state_shardings()
     self._batch_sharding = sharding.batch_sharding(self.mesh)
     self._train_step = jax.jit(
-        make_train_step(task.loss_fn, self.tx, int(config.seed)),
+        make_train_step(task.loss_fn, self.tx, int(config.seed), self.accumulation_steps),
         in_shardings=(self.state_shardings, self._batch_sharding),
         out_shardings=(self.state_shardings, None), donate_argnums=(0,))
     self._eval_step = jax.jit(make_eval_step(task.loss_fn),
@@ -198,6 +213,11 @@ class Trainer:
     if rows % ways:
       raise ConfigError(f'global batch of {rows} rows is not divisible by the data-parallel '
                         f'size {ways} (mesh data x fsdp); adjust the batch size or the mesh')
+    k = self.accumulation_steps
+    if k > 1 and rows % (ways * k):
+      raise ConfigError(f'global batch of {rows} rows cannot be cut into train.accumulation_steps'
+                        f'={k} micro-batches over {ways} data-parallel devices; make the batch '
+                        f'a multiple of {ways * k} rows')
 
   # -- evaluation -----------------------------------------------------------------------------
 
@@ -230,16 +250,17 @@ class Trainer:
     if self.is_chief:
       self.writer.add_text(tag, text, step)
 
+  def write_images(self, step: int, params):
+    """The task's `summary_images` (if it has them) to TensorBoard; every process computes."""
+    summary_images = getattr(self.task, 'summary_images', None)
+    if summary_images is None:
+      return
+    images = summary_images(params) or {}
+    if self.is_chief:
+      for tag, image in images.items():
+        self.writer.add_image(tag, image, step, dataformats='HWC')
+
   # -- the loop -------------------------------------------------------------------------------
-
-  def _install_signal_handlers(self):
-    """SIGTERM/SIGINT finish the current step, checkpoint and exit cleanly (preemption)."""
-    self._stop_requested = None
-
-    def handler(signum, frame):  # pylint: disable=unused-argument
-      self._stop_requested = signal.Signals(signum).name
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return previous
 
   def fit(self, train_data, eval_batches_fn: Callable[[], Iterator[Batch]] | None = None,
           state: TrainState | None = None) -> dict:
@@ -254,7 +275,10 @@ class Trainer:
     step = int(jax.device_get(state.step))
     logging.info('model has %s parameters; training from step %d to %d on mesh %s',
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
-    previous_handlers = self._install_signal_handlers()
+    # SIGTERM/SIGINT finish the current step, checkpoint and exit cleanly (preemption); with
+    # several processes all of them stop after the same step.
+    stop_signal = preemption.StopSignal().__enter__()
+    self._stop_requested = None
     iterator = iter(train_data)
     token_counter = getattr(self.task, 'count_tokens', count_tokens)
     pending: list[Metrics] = []
@@ -270,6 +294,7 @@ class Trainer:
       eval_metrics = self.evaluate(state.params, eval_batches_fn(), eval_max_batches)
       extra = self.task.evaluate(self, state.params, step) or {}
       eval_metrics.update(extra)
+      self.write_images(step, state.params)
       self.write_scalars(step, eval_metrics, 'eval')
       logging.info('eval at step %d: %s', step,
                    ', '.join(f'{k} {v:.4g}' for k, v in eval_metrics.items()))
@@ -292,6 +317,9 @@ class Trainer:
             first_step_time = time.time() - start_time
             logging.info('first step (including compilation) took %.1f s', first_step_time)
           out_of_time = max_minutes and (time.time() - start_time) / 60.0 >= max_minutes
+          if max_minutes and jax.process_count() > 1:  # hosts' clocks differ: agree, per log
+            out_of_time = step % log_every == 0 and preemption.any_process(out_of_time)
+          self._stop_requested = stop_signal.check(step)
           stop = self._stop_requested or out_of_time or step >= num_steps
           if step % log_every == 0 or stop:
             sums = _host_sums(pending)
@@ -344,8 +372,7 @@ class Trainer:
         if not self._stop_requested:
           run_eval(step)
     finally:
-      for signum, handler in previous_handlers.items():
-        signal.signal(signum, handler)
+      stop_signal.__exit__()
       self.checkpointer.wait()
       if self.writer is not None:
         self.writer.flush()

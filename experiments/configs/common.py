@@ -1,7 +1,8 @@
 """Keys every experiment shares, so scripts and users can rely on them.
 
   seed, mesh.{data,fsdp,tensor}, train.{num_steps, log_every, eval_every, checkpoint_every,
-  keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches}, optimizer.*, model.*, data.*
+  keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches, accumulation_steps},
+  distributed.{mode, coordinator_address, num_processes, process_id}, optimizer.*, model.*, data.*
 """
 
 import ml_collections
@@ -22,6 +23,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.max_minutes = 0.0     # stop (and evaluate) after this wall time; 0 = no limit
   config.train.max_nonfinite = 10    # consecutive skipped non-finite steps before giving up
   config.train.eval_max_batches = 0  # 0 = the whole validation set
+  config.train.accumulation_steps = 1  # >1: one update from k micro-batches (1/k the activations)
+
+  # Multi-host jobs (transformer_jax/distributed.py): 'auto' starts jax.distributed when the
+  # environment names a coordinator (JAX_COORDINATOR_ADDRESS, ...) or a SLURM/TPU job; 'on' always
+  # (e.g. on Cloud TPU VMs), 'off' never. Empty/-1 = take it from the environment or jax.
+  config.distributed = ml_collections.ConfigDict(
+      {'mode': 'auto', 'coordinator_address': '', 'num_processes': -1, 'process_id': -1})
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 1e-3

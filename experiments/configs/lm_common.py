@@ -33,7 +33,8 @@ def lm_config() -> ml_collections.ConfigDict:
       emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6, dropout_rate=0.2,
       attention_dropout_rate=0.2, norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
       position='learned', activation='gelu', use_bias=True, tie_output=True,
-      scale_embeddings=False, embed_init_std=0.02, dtype='float32', param_dtype='float32'))
+      scale_embeddings=False, embed_init_std=0.02, dtype='float32', param_dtype='float32',
+      remat_policy='none', scan_layers=False))
 
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).
   config.eval = ml_collections.ConfigDict()

@@ -32,7 +32,8 @@ def translate_config() -> ml_collections.ConfigDict:
       emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,
       dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm', norm_position='post',
       position='sinusoidal', activation='relu', use_bias=True, share_embeddings=True,
-      tie_output=True, scale_embeddings=True, dtype='float32', param_dtype='float32'))
+      tie_output=True, scale_embeddings=True, dtype='float32', param_dtype='float32',
+      remat_policy='none', scan_layers=False))
 
   config.loss = ml_collections.ConfigDict({'label_smoothing': 0.1})
 

@@ -274,3 +274,34 @@ class BucketedBatcher:
     if position == self.num_batches_per_epoch:
       epoch, position = epoch + 1, 0
     self._epoch, self._position = epoch, position
+
+
+class StepIndexedBatches:
+  """Endless batches where batch `step` is a pure function of (seed, step): the position to
+  save is the step alone. Subclasses define `batch(step)` and call `_init_rows` so that with
+  several processes each yields its own contiguous slice of the same global batch (the global
+  batch does not depend on the process count)."""
+
+  step = 0
+
+  def _init_rows(self, batch_size: int, process_index: int, process_count: int):
+    if batch_size % process_count:
+      raise DataError(f'batch size {batch_size} is not divisible by the {process_count} '
+                      'processes')
+    local = batch_size // process_count
+    self._rows = slice(process_index * local, (process_index + 1) * local)
+
+  def batch(self, step: int):
+    raise NotImplementedError
+
+  def __iter__(self):
+    while True:
+      batch = self.batch(self.step)
+      self.step += 1
+      yield batch
+
+  def get_state(self) -> dict:
+    return {'step': self.step}
+
+  def set_state(self, state: dict):
+    self.step = int(state['step'])

@@ -103,3 +103,14 @@ def load_tfds_text(name: str, split: str, *, feature: str = 'text', data_dir: st
     raise DataError(f'TFDS dataset {name!r} split {split!r} has no non-empty {feature!r} text')
   logging.info('read %d texts from TFDS %s[%s]', len(kept), name, split)
   return kept
+
+
+def load_tfds_train_valid(data) -> tuple[list[str], list[str]]:
+  """(train texts, validation texts) named by a config's data section: tfds_name, tfds_feature,
+  tfds_data_dir, train_split/valid_split and max_train_examples/max_valid_examples (0 = all)."""
+  kwargs = dict(feature=data.tfds_feature, data_dir=data.tfds_data_dir or None)
+  train = load_tfds_text(data.tfds_name, data.train_split,
+                         max_examples=int(data.max_train_examples) or None, **kwargs)
+  valid = load_tfds_text(data.tfds_name, data.valid_split,
+                         max_examples=int(data.max_valid_examples) or None, **kwargs)
+  return train, valid
