@@ -23,7 +23,6 @@ if __name__ == '__main__':
   runtime.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import os
 import sys
 
 from absl import app, flags, logging

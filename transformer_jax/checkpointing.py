@@ -3,14 +3,23 @@
 Orbax writes each step to a temporary directory and renames it when complete, so a crash
 mid-write never leaves a checkpoint that looks finished; `max_to_keep` only deletes old steps
 after a newer one is committed. On restore, a checkpoint that fails to load (truncated or
-corrupted files) is reported in one line and the previous one is tried.
+corrupted files) is reported in one line and the previous one is tried. A checkpoint whose
+shapes do not match the config is not corruption: it is a ConfigError naming the parameter
+(falling back would silently start again from scratch next to the old checkpoints).
 """
 
+import contextlib
 import os
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from transformer_jax.errors import ConfigError, DataError
+
+# How storage failures read in orbax/TensorStore errors (which are not always OSErrors).
+_STORAGE_ERRORS = ('No space left on device', 'RESOURCE_EXHAUSTED', 'Disk quota exceeded',
+                   'Read-only file system', 'Permission denied', 'PERMISSION_DENIED')
 
 
 class Checkpointer:
@@ -20,8 +29,11 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=('state', 'data'))
+    # Handlers named up front so that a fresh manager can read a step's metadata (shapes).
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(),
+                       'data': ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -31,9 +43,40 @@ class Checkpointer:
       return False
     if step in self.manager.all_steps():
       return False
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+    with self._storage_errors():  # also reports a failure of the previous (async) save
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
     return True
+
+  @contextlib.contextmanager
+  def _storage_errors(self):
+    """A full disk, quota or permission problem while saving becomes one DataError line."""
+    try:
+      yield
+    except Exception as error:  # pylint: disable=broad-except
+      text = f'{type(error).__name__}: {error}'
+      if not isinstance(error, OSError) and not any(m in text for m in _STORAGE_ERRORS):
+        raise
+      committed = self.manager.all_steps()
+      kept = f'step {max(committed)}' if committed else 'none yet'
+      reason = next((m for m in _STORAGE_ERRORS if m in text), type(error).__name__)
+      raise DataError(f'cannot write a checkpoint in {self.directory} ({reason}); free space or '
+                      f'choose another --workdir and rerun (last good checkpoint: {kept})'
+                      ) from None
+
+  def check_fits(self, abstract_state):
+    """ConfigError if the latest readable checkpoint's shapes differ from `abstract_state`.
+
+    Reads metadata only; called before a run writes anything (config.json) to the workdir.
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        stored = self.manager.item_metadata(step)['state']
+      except Exception:  # pylint: disable=broad-except
+        continue  # unreadable: restore() reports it and falls back
+      if stored is not None:
+        _check_shapes(abstract_state, stored, step, self.directory)
+        return
 
   def restore(self, abstract_state, step: int | None = None):
     """Restores the latest good checkpoint (or `step`): (state, data_state, step), or None.
@@ -44,25 +87,65 @@ class Checkpointer:
     steps = [step] if step is not None else sorted(self.manager.all_steps(), reverse=True)
     for candidate in steps:
       try:
+        stored = self.manager.item_metadata(candidate)['state']
+      except Exception as error:  # pylint: disable=broad-except
+        _log_unreadable(candidate, self.directory, error)
+        continue
+      if stored is not None:
+        _check_shapes(abstract_state, stored, candidate, self.directory)
+      try:
         restored = self.manager.restore(candidate, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
       except Exception as error:  # pylint: disable=broad-except
         # Shape mismatches are a config problem, not corruption: let the caller explain them.
         if 'shape' in str(error).lower() and 'mismatch' in str(error).lower():
           raise
-        logging.error('checkpoint at step %d in %s could not be restored (%s: %s); '
-                      'trying an older one', candidate, self.directory, type(error).__name__,
-                      str(error).splitlines()[0][:200] if str(error) else '')
+        _log_unreadable(candidate, self.directory, error)
         continue
       return restored['state'], restored['data'], candidate
     return None
 
   def wait(self):
-    self.manager.wait_until_finished()
+    with self._storage_errors():
+      self.manager.wait_until_finished()
 
   def close(self):
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
+
+
+def _log_unreadable(step: int, directory: str, error: Exception):
+  logging.error('checkpoint at step %d in %s could not be restored (%s: %s); trying an older one',
+                step, directory, type(error).__name__,
+                str(error).splitlines()[0][:200] if str(error) else '')
+
+
+def _shapes_by_name(tree) -> dict[str, tuple]:
+  """{'params.stack.layer_0.mlp.wi.kernel': shape} for arrays or orbax array metadata."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if hasattr(leaf, 'shape'):
+      names = (getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k))) for k in path)
+      out['.'.join(map(str, names))] = tuple(leaf.shape)
+  return out
+
+
+def _check_shapes(abstract_state, stored_metadata, step: int, directory: str):
+  """ConfigError naming the first parameter whose shape (or presence) differs."""
+  wanted, stored = _shapes_by_name(abstract_state), _shapes_by_name(stored_metadata)
+  problems = [f'{name} has shape {stored[name]} in the checkpoint but {wanted[name]} in the '
+              'config' for name in wanted if name in stored and stored[name] != wanted[name]]
+  problems += [f'{name} is in the config but not in the checkpoint'
+               for name in wanted if name not in stored]
+  problems += [f'{name} is in the checkpoint but not in the config'
+               for name in stored if name not in wanted]
+  if problems:
+    problems.sort(key=lambda p: not p.startswith('params.'))  # parameters before Adam moments
+    raise ConfigError(
+        f'checkpoint at step {step} in {directory} does not fit the model of this config: '
+        f'{problems[0]}{f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""}; '
+        'resume with the config it was trained with (config.json in the workdir) or use a '
+        'new --workdir')
 
 
 def abstract_like(tree):

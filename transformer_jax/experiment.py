@@ -4,6 +4,7 @@
 exit status 1, with no stack trace; anything else is a bug and keeps its traceback.
 """
 
+import errno
 import json
 import os
 import re
@@ -14,13 +15,18 @@ from absl import logging
 
 from transformer_jax.errors import ConfigError, UserError
 
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
 
 class _QuietLibraries:
   """Drops INFO lines from orbax (dozens per checkpoint) so progress lines stay readable."""
   NOISY = ('/orbax/', '/jax/_src/xla_bridge.py')
 
   def filter(self, record) -> bool:
-    return record.levelno >= 30 or not any(p in record.pathname for p in self.NOISY)
+    noisy = any(p in record.pathname for p in self.NOISY)
+    if noisy and record.exc_info:  # orbax logs background failures with their traceback;
+      record.exc_info = record.exc_text = None  # the error they cause is reported in one line
+    return record.levelno >= 30 or not noisy
 
 
 def run(main, argv=None):
@@ -30,6 +36,17 @@ def run(main, argv=None):
     return main(argv)
   except UserError as error:
     _exit_with_error(str(error))
+  except OSError as error:
+    if error.errno not in _STORAGE_ERRNOS:
+      raise
+    # A full disk fails every writer (checkpoints, metrics, TensorBoard): report the first
+    # explained failure, and exit at once, since exit handlers would only fail to write again.
+    context = error.__context__
+    while context is not None and not isinstance(context, UserError):
+      context = context.__context__
+    _exit_with_error(str(context) if context else
+                     f'cannot write {error.filename or "to the workdir"} ({error.strerror}); '
+                     'free space or choose another --workdir and rerun', immediately=True)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -45,6 +62,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     remaining = app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError) as error:
     # ml_collections: AttributeError(KeyError("'key'[\nDid you mean ...?]")).
+    if "has no attribute 'get_config'" in str(error):
+      files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith('--config=')]
+      _exit_with_error(f'--config={files[0] if files else "FILE"} does not define get_config(); '
+                       'a config file is Python defining get_config() that returns an '
+                       'ml_collections.ConfigDict (see experiments/configs/)')
     inner = error
     while inner.args and isinstance(inner.args[0], BaseException):
       inner = inner.args[0]
@@ -61,6 +83,8 @@ def parse_flags(argv: list[str]) -> list[str]:
                      'file)')
   except OSError as error:
     _exit_with_error(f'cannot load the config: {_last_line(error)}')
+  except SyntaxError as error:  # the config file is not valid Python
+    _exit_with_error(f'cannot load the config: {error.filename}:{error.lineno}: {error.msg}')
   for name in list(flags.FLAGS):
     flag = flags.FLAGS[name]
     if not flag.present:
@@ -82,10 +106,12 @@ def _last_line(error: BaseException) -> str:
   return lines[-1] if lines else type(error).__name__
 
 
-def _exit_with_error(message: str):
+def _exit_with_error(message: str, immediately: bool = False):
   logging.flush()
   sys.stderr.write(f'error: {message}\n')
   sys.stderr.flush()
+  if immediately:
+    os._exit(1)  # pylint: disable=protected-access
   sys.exit(1)
 
 
@@ -118,6 +144,23 @@ def require_keys(config, section: str, keys: tuple[str, ...]):
   missing = [k for k in keys if k not in node]
   if missing:
     raise ConfigError(f'config section {section!r} is missing {missing}')
+
+
+def check_mesh(config, global_batch: int | None = None):
+  """The mesh against the device count (and `global_batch` rows against data x fsdp).
+
+  Trainer checks these too, but only after the tokenizer and config.json are written; this
+  runs first so that a wrong mesh or batch leaves the workdir untouched.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer_jax import distributed, sharding  # pylint: disable=g-import-not-at-top
+  distributed.initialize(config)  # multi-host: the global device count
+  mesh = config.get('mesh', None)
+  data, fsdp, _ = sharding.mesh_shape(dict(mesh or {'data': -1}), jax.device_count())
+  if global_batch is not None and global_batch % (data * fsdp):
+    raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
+                      f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {jax.device_count()} '
+                      'devices); change data.batch_size or mesh.data/mesh.fsdp')
 
 
 def save_config(config, workdir: str):

@@ -14,10 +14,11 @@ joined with EOS, which also tells the model where a document ends.
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from transformer_jax.data.batching import StepIndexedBatches
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.errors import DataError
 
@@ -44,13 +45,17 @@ def read_text(path: str) -> str:
   if not path:
     raise DataError('data.path is empty: pass --config.data.path=FILE (a UTF-8 text file)')
   try:
-    with open(path, encoding='utf-8') as f:
-      return f.read()
+    with open(path, 'rb') as f:
+      data = f.read()
+    # Universal newlines, as text-mode open() gives.
+    return data.decode('utf-8').replace('\r\n', '\n').replace('\r', '\n')
   except FileNotFoundError:
     raise DataError(f'text file {path} does not exist (relative paths start from '
                     f'{os.getcwd()})') from None
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path} is not UTF-8 text: {e}') from None
+  except UnicodeDecodeError as e:  # name the line, as the parallel-text reader does
+    line = data[:e.start].count(b'\n') + 1
+    raise DataError(f'{path}:{line}: invalid UTF-8 ({e.reason}: byte 0x{data[e.start]:02x}); '
+                    'fix or remove that line') from None
   except OSError as e:
     raise DataError(f'cannot read {path}: {e.strerror}') from None
 
@@ -197,7 +202,7 @@ def _check_length(tokens: np.ndarray, block_size: int, what: str):
                     f'{block_size + 1}; use more text or a smaller data.block_size')
 
 
-class RandomWindows:
+class RandomWindows(StepIndexedBatches):
   """Endless training batches {'inputs', 'targets': int32[B, T]} of random windows.
 
   `batch_size` is the global batch; with several processes each yields its own contiguous
@@ -208,31 +213,14 @@ class RandomWindows:
                process_index: int = 0, process_count: int = 1):
     tokens = np.asarray(tokens)
     _check_length(tokens, block_size, 'training')
-    if batch_size % process_count:
-      raise DataError(f'batch size {batch_size} is not divisible by the {process_count} '
-                      'processes')
+    self._init_rows(batch_size, process_index, process_count)
     self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
-    local = batch_size // process_count
-    self._rows = slice(process_index * local, (process_index + 1) * local)
-    self.step = 0
 
   def batch(self, step: int) -> Batch:
     """The global batch `step`'s rows for this process (a pure function of seed and step)."""
     rng = np.random.default_rng((self.seed, step))
     starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
     return _windows(self.tokens, starts[self._rows], self.block_size)
-
-  def __iter__(self) -> Iterator[Batch]:
-    while True:
-      batch = self.batch(self.step)
-      self.step += 1
-      yield batch
-
-  def get_state(self) -> dict:
-    return {'step': self.step}
-
-  def set_state(self, state: dict):
-    self.step = int(state['step'])
 
 
 def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batches: int,

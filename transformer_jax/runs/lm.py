@@ -38,12 +38,8 @@ def load_documents(config) -> tuple[list[str], list[str]]:
                                            float(data.train_fraction))
     return [train], [valid]
   if data.source == 'tfds':
-    from transformer_jax.data.tfds_text import load_tfds_text  # pylint: disable=g-import-not-at-top
-    kwargs = dict(feature=data.tfds_feature, data_dir=data.tfds_data_dir or None)
-    train = load_tfds_text(data.tfds_name, data.train_split,
-                           max_examples=int(data.max_train_examples) or None, **kwargs)
-    valid = load_tfds_text(data.tfds_name, data.valid_split,
-                           max_examples=int(data.max_valid_examples) or None, **kwargs)
+    from transformer_jax.data.tfds_text import load_tfds_train_valid  # pylint: disable=g-import-not-at-top
+    train, valid = load_tfds_train_valid(data)
     return train, valid
   raise ConfigError(f"data.source must be 'file' or 'tfds', got {data.source!r}")
 
@@ -89,6 +85,7 @@ def build(config, workdir: str, train_documents: list[str] | None = None):
   from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
   # Fail on a bad model shape before a tokenizer is trained and written.
   model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
+  experiment.check_mesh(config, int(config.data.batch_size))
   tokenizer = load_tokenizer(config, workdir, train_documents)
   sample = config.eval
   task = LanguageModelTask(
@@ -122,6 +119,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                             'log_every'))
   experiment.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
   model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
+  experiment.check_mesh(config, int(config.data.batch_size))
   os.makedirs(workdir, exist_ok=True)
   train_docs, valid_docs = load_documents(config)
   task, trainer, tokenizer = build(config, workdir, train_docs)

@@ -46,7 +46,9 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
   def texts(*sides):
     def read():  # called only when the model file is missing
       if train_pairs is None:
-        raise ConfigError(f'no tokenizer model in {workdir}: train first (--mode=train)')
+        raise ConfigError(f'no tokenizer model (spm*.model) in {workdir}: training writes it; '
+                          'train first, or if this workdir was trained, rerun its training '
+                          'command (the tokenizer is retrained identically) or copy it back')
       return (s for side in sides for s in train_pairs[side])
     return read
   kwargs = dict(vocab_size=t.vocab_size, model_type=t.model_type, max_sentences=t.max_sentences)
@@ -68,6 +70,7 @@ def check_model_config(config):
   """
   model_config_from_dict(config.model, vocab_size=int(config.tokenizer.vocab_size),
                          max_len=config.data.max_len)
+  experiment.check_mesh(config)  # batches are sized to a multiple of data x fsdp
 
 
 def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
