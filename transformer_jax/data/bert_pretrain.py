@@ -1,0 +1,228 @@
+"""BERT pretraining data: sentence pairs (NSP / SOP / single segments) and dynamic MLM masks.
+
+Documents are lists of sentence lines. An example starts at a random line of a random
+document:
+  nsp:  A = consecutive lines from there (about half the budget); B = the lines that follow
+        (label 0) or, half the time, lines from another document (label 1; Devlin et al. 2019);
+  sop:  A and B are always consecutive; half the time they are swapped (label 1; ALBERT);
+  none: one segment of consecutive lines filling the whole budget (RoBERTa's FULL-SENTENCES).
+Then 15% of the non-special tokens are selected (at most max_predictions); of those 80% become
+[MASK], 10% a random token, 10% stay unchanged, and the model predicts the originals.
+
+Batch s is a pure function of (seed, s) (np.random.default_rng((seed, s))), so masks are drawn
+anew for every batch (dynamic masking, as RoBERTa) and a resumed run sees exactly the batches it
+would have seen: the data position is just the step.
+"""
+
+import dataclasses
+import gzip
+
+import numpy as np
+
+from transformer_jax.data.batching import StepIndexedBatches
+from transformer_jax.errors import DataError
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainOptions:
+  max_len: int = 128
+  max_predictions: int = 20
+  mask_rate: float = 0.15
+  sentence_task: str = 'nsp'     # 'nsp', 'sop' or 'none'
+  short_seq_prob: float = 0.1    # a shorter target length sometimes, so short inputs are seen
+  mask_token_rate: float = 0.8   # of the selected tokens: [MASK]
+  random_token_rate: float = 0.1  # ... a random token; the rest stay unchanged
+
+
+# -- documents ----------------------------------------------------------------------------------
+
+def text_to_document(text: str) -> list[str]:
+  """A document's non-empty lines."""
+  return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def read_documents(path: str, lines_per_document: int = 0) -> list[list[str]]:
+  """Documents of a UTF-8 (optionally .gz) file: blank lines separate them. With
+  `lines_per_document` > 0, runs of that many lines also end a document (for files, like
+  caption lists, without blank lines)."""
+  opener = gzip.open if path.endswith('.gz') else open
+  try:
+    with opener(path, 'rt', encoding='utf-8') as f:
+      text = f.read()
+  except FileNotFoundError:
+    raise DataError(f'text file {path} does not exist') from None
+  except (UnicodeDecodeError, OSError) as e:
+    raise DataError(f'cannot read {path}: {e}') from None
+  documents, current = [], []
+  for line in text.splitlines():
+    line = line.strip()
+    if line:
+      current.append(line)
+    if current and (not line or (lines_per_document and len(current) >= lines_per_document)):
+      documents.append(current)
+      current = []
+  if current:
+    documents.append(current)
+  if not documents:
+    raise DataError(f'{path} has no text')
+  return documents
+
+
+def split_documents(documents: list[list[str]], valid_fraction: float,
+                    seed: int) -> tuple[list[list[str]], list[list[str]]]:
+  """(train, held-out): a seeded random `valid_fraction` of the documents is held out whole,
+  so no held-out line is ever a training line."""
+  if not 0.0 < valid_fraction < 1.0:
+    raise DataError(f'data.valid_fraction must be in (0, 1), got {valid_fraction}')
+  if len(documents) < 2:
+    raise DataError(f'need at least 2 documents to hold some out, got {len(documents)}; '
+                    'separate documents by blank lines or set data.lines_per_document')
+  order = np.random.default_rng(seed).permutation(len(documents))
+  num_valid = min(max(1, int(round(len(documents) * valid_fraction))), len(documents) - 1)
+  held = set(order[:num_valid].tolist())
+  return ([d for i, d in enumerate(documents) if i not in held],
+          [d for i, d in enumerate(documents) if i in held])
+
+
+def tokenize_documents(tokenizer, documents: list[list[str]]) -> list[list[np.ndarray]]:
+  """Each line as an int32 id array; empty lines (after tokenization) dropped."""
+  lines = [line for doc in documents for line in doc]
+  ids = tokenizer.encode_batch(lines)
+  out, k = [], 0
+  for doc in documents:
+    encoded = [np.asarray(x, np.int32) for x in ids[k:k + len(doc)] if x]
+    k += len(doc)
+    if encoded:
+      out.append(encoded)
+  return out
+
+
+# -- examples -----------------------------------------------------------------------------------
+
+def _take_lines(doc: list[np.ndarray], start: int, budget: int) -> tuple[list[int], int]:
+  """Lines from `start` while they fit `budget` tokens (always at least one); (ids, next)."""
+  ids, i = list(doc[start]), start + 1
+  while i < len(doc) and len(ids) + len(doc[i]) <= budget:
+    ids.extend(doc[i])
+    i += 1
+  return ids, i
+
+
+def _consecutive(doc: list[np.ndarray], line: int, budget: int) -> tuple[list[int], list[int]]:
+  """Consecutive text (A, B) from doc[line]: A about half the budget; B the lines after it.
+
+  Near a document's end A gives up lines so that one follows; a one-line remainder is cut
+  in two. Either way every anchor can make a genuine pair, so labels stay balanced.
+  """
+  a, after = _take_lines(doc, line, max(budget // 2, 1))
+  if after >= len(doc) and after - line > 1:  # keep a line for B
+    after -= 1
+    a = [int(t) for i in range(line, after) for t in doc[i]]
+  if after < len(doc):
+    return a, _take_lines(doc, after, max(budget - len(a), 1))[0]
+  cut = max(len(a) // 2, 1)
+  return a[:cut], (a[cut:] or list(a))
+
+
+def make_pair(documents: list[list[np.ndarray]], doc_index: int, line: int,
+              options: PretrainOptions, rng: np.random.Generator
+              ) -> tuple[list[int], list[int] | None, int]:
+  """(segment A ids, segment B ids or None, sentence label) for an example starting at
+  documents[doc_index][line]; label 0 = genuine order, 1 = random (NSP) / swapped (SOP)."""
+  doc = documents[doc_index]
+  if options.sentence_task == 'none':
+    budget = options.max_len - 2
+    if rng.random() < options.short_seq_prob:
+      budget = int(rng.integers(2, budget + 1))
+    return _take_lines(doc, line, budget)[0], None, 0
+  budget = options.max_len - 3
+  if rng.random() < options.short_seq_prob:
+    budget = int(rng.integers(2, budget + 1))
+  a, b = _consecutive(doc, line, budget)
+  label = 0
+  if options.sentence_task == 'nsp':
+    if rng.random() < 0.5 and len(documents) > 1:
+      other = int(rng.integers(len(documents) - 1))
+      other += other >= doc_index  # any document but this one
+      start = int(rng.integers(len(documents[other])))
+      b = _take_lines(documents[other], start, max(budget - len(a), 1))[0]
+      label = 1
+  elif rng.random() < 0.5:  # sop: the same consecutive text, in swapped order
+    a, b, label = b, a, 1
+  return a, b, label
+
+
+def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: int,
+                options: PretrainOptions, rng: np.random.Generator, random_ids: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(masked ids, positions [P], original ids [P]) for one sequence: round(mask_rate * n) of
+  its n non-special tokens (at least 1, at most max_predictions), in position order."""
+  candidates = np.flatnonzero(~np.isin(ids, special))
+  count = min(options.max_predictions, max(1, int(round(len(candidates) * options.mask_rate))))
+  count = min(count, len(candidates))
+  positions = np.sort(rng.choice(candidates, size=count, replace=False))
+  originals = ids[positions].copy()
+  masked = ids.copy()
+  roll = rng.random(count)
+  to_mask = roll < options.mask_token_rate
+  to_random = (roll >= options.mask_token_rate) & (
+      roll < options.mask_token_rate + options.random_token_rate)
+  masked[positions[to_mask]] = mask_id
+  masked[positions[to_random]] = random_ids[rng.integers(len(random_ids), size=to_random.sum())]
+  return masked, positions, originals
+
+
+class PretrainBatches(StepIndexedBatches):
+  """Endless pretraining batches; batch s is a pure function of (seed, s).
+
+  {'inputs', 'segments': int32[B, max_len], 'mlm_positions', 'mlm_ids': int32[B, P],
+   'mlm_weights': float32[B, P], 'sentence_labels': int32[B]} (this process's rows of the
+  global batch).
+  """
+
+  def __init__(self, documents: list[list[np.ndarray]], tokenizer, options: PretrainOptions, *,
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
+    if not documents:
+      raise DataError('no documents with text to pretrain on')
+    self._init_rows(batch_size, process_index, process_count)
+    if options.max_len < 8:
+      raise DataError(f'data.max_len={options.max_len} is too short for sentence pairs')
+    self.documents, self.tokenizer, self.options = documents, tokenizer, options
+    self.batch_size, self.seed = batch_size, seed
+    # Anchors: every (document, line), so each line is equally likely to start an example.
+    self._anchors = np.asarray([(d, i) for d, doc in enumerate(documents)
+                                for i in range(len(doc))], np.int64)
+    self._special = np.asarray(tokenizer.special_ids, np.int32)
+    self._random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32),
+                                    self._special)
+
+  def example(self, rng: np.random.Generator) -> tuple:
+    o, tok = self.options, self.tokenizer
+    d, line = self._anchors[rng.integers(len(self._anchors))]
+    a, b, label = make_pair(self.documents, int(d), int(line), o, rng)
+    ids, segments = tok.build_pair(a, b, o.max_len)
+    masked, positions, originals = mask_tokens(np.asarray(ids, np.int32), self._special,
+                                               tok.vocab_size, tok.mask_id, o, rng,
+                                               self._random_ids)
+    return masked, np.asarray(segments, np.int32), positions, originals, label
+
+  def batch(self, step: int) -> Batch:
+    o = self.options
+    rng = np.random.default_rng((self.seed, step))
+    b, p = self.batch_size, o.max_predictions
+    out = {'inputs': np.zeros((b, o.max_len), np.int32),
+           'segments': np.zeros((b, o.max_len), np.int32),
+           'mlm_positions': np.zeros((b, p), np.int32), 'mlm_ids': np.zeros((b, p), np.int32),
+           'mlm_weights': np.zeros((b, p), np.float32),
+           'sentence_labels': np.zeros((b,), np.int32)}
+    for row in range(b):
+      ids, segments, positions, originals, label = self.example(rng)
+      out['inputs'][row, :len(ids)] = ids
+      out['segments'][row, :len(ids)] = segments
+      out['mlm_positions'][row, :len(positions)] = positions
+      out['mlm_ids'][row, :len(positions)] = originals
+      out['mlm_weights'][row, :len(positions)] = 1.0
+      out['sentence_labels'][row] = label
+    return {k: v[self._rows] for k, v in out.items()}

@@ -1,0 +1,254 @@
+"""BERT experiments from a config: pretraining (MLM + NSP/SOP) and fine-tuning (classification).
+
+`experiments/bert.py` and `benchmarks/{bert_pretrain,sst2_minilm}.py` are thin callers.
+
+Pretraining (config.mode='pretrain'): documents from local text files (blank lines separate
+documents, each line a sentence) or a TFDS corpus; a WordPiece vocabulary from
+tokenizer.vocab_file or trained on the training text (WORKDIR/vocab.txt); `Bert` with the MLM
+head and, per data.sentence_task, an NSP ('nsp'), SOP ('sop') or no ('none', RoBERTa) head.
+Fine-tuning (config.mode='finetune'): SST-2-style sentence classification starting from an HF
+BERT checkpoint (init.hf_dir) or a pretraining workdir of ours (init.bert_workdir).
+"""
+
+import os
+
+import flax
+import jax
+import numpy as np
+from absl import logging
+
+from transformer_jax import experiment
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import model_config_from_dict
+
+VOCAB_FILE = 'vocab.txt'
+MODES = ('pretrain', 'finetune')
+
+
+def _process():
+  return jax.process_index(), jax.process_count()
+
+
+def overlay_params(state, pretrained: dict):
+  """`state` with its params replaced by `pretrained` wherever that names one (each leaf put
+  on the device(s) of the leaf it replaces). Heads the model lacks are dropped; any other
+  unknown or mis-shaped parameter is a ConfigError naming it."""
+  target = flax.traverse_util.flatten_dict(state.params)
+  heads = ('mlm_transform', 'mlm_norm', 'mlm_bias', 'sentence_head', 'classifier')
+  replaced = 0
+  for path, value in flax.traverse_util.flatten_dict(pretrained).items():
+    name = '/'.join(path)
+    if path not in target:
+      if path[0] in heads:
+        continue
+      raise ConfigError(f'pretrained parameter {name} has no place in the model')
+    if tuple(np.shape(value)) != tuple(target[path].shape):
+      raise ConfigError(f'pretrained parameter {name} has shape {tuple(np.shape(value))} but the '
+                        f'model has {tuple(target[path].shape)}')
+    target[path] = jax.device_put(np.asarray(value, target[path].dtype), target[path].sharding)
+    replaced += 1
+  logging.info('initialised %d of %d parameter arrays from the pretrained model', replaced,
+               len(target))
+  return state.replace(params=flax.traverse_util.unflatten_dict(target))
+
+
+# -- pretraining --------------------------------------------------------------------------------
+
+def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
+  """(training documents, held-out documents), each a list of sentence lines."""
+  from transformer_jax.data import bert_pretrain  # pylint: disable=g-import-not-at-top
+  data = config.data
+  if data.source == 'files':
+    paths = [p.strip() for p in str(data.paths).split(',') if p.strip()]
+    if not paths:
+      raise ConfigError('data.paths is empty: pass --config.data.paths=FILE[,FILE...]')
+    documents = []
+    for path in paths:
+      documents += bert_pretrain.read_documents(path, lines_per_document=int(
+          data.get('lines_per_document', 0)))
+    return bert_pretrain.split_documents(documents, float(data.valid_fraction),
+                                         seed=int(config.seed))
+  if data.source == 'tfds':
+    from transformer_jax.data.tfds_text import load_tfds_train_valid  # pylint: disable=g-import-not-at-top
+    train, valid = load_tfds_train_valid(data)
+    to_docs = bert_pretrain.text_to_document
+    return ([d for d in map(to_docs, train) if d], [d for d in map(to_docs, valid) if d])
+  raise ConfigError(f"data.source must be 'files' or 'tfds', got {data.source!r}")
+
+
+def pretrain_tokenizer(config, workdir: str, train_documents=None):
+  """tokenizer.vocab_file if set, else WORKDIR/vocab.txt (trained on the first run)."""
+  from transformer_jax.data.wordpiece import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  t = config.tokenizer
+  if t.vocab_file:
+    return WordPieceTokenizer.from_vocab(t.vocab_file, lowercase=bool(t.lowercase))
+
+  def texts():
+    if train_documents is None:
+      raise ConfigError(f'no {VOCAB_FILE} in {workdir}: pretrain first')
+    return (line for doc in train_documents for line in doc)
+  return WordPieceTokenizer.load_or_train(os.path.join(workdir, VOCAB_FILE), texts,
+                                          int(t.vocab_size), lowercase=bool(t.lowercase))
+
+
+def pretrain_model_config(config, vocab_size: int):
+  return model_config_from_dict(config.model, vocab_size=vocab_size, num_decoder_layers=0)
+
+
+def build_pretrain(config, workdir: str, train_documents=None):
+  """(task, trainer, tokenizer) for a pretraining config."""
+  from transformer_jax.tasks.bert import SENTENCE_TASKS, BertPretrainTask  # pylint: disable=g-import-not-at-top
+  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  task_name = config.data.sentence_task
+  if task_name not in SENTENCE_TASKS:
+    raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
+  cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))  # fail early on shape
+  if int(config.data.max_len) > cfg.max_len:
+    raise ConfigError(f'data.max_len={config.data.max_len} exceeds model.max_len={cfg.max_len} '
+                      '(the position table)')
+  tokenizer = pretrain_tokenizer(config, workdir, train_documents)
+  cfg = pretrain_model_config(config, tokenizer.vocab_size)
+  task = BertPretrainTask(cfg, sentence_task=task_name)
+  return task, Trainer(config, task, workdir), tokenizer
+
+
+def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
+  """(endless training batches, fixed held-out batches)."""
+  from transformer_jax.data import bert_pretrain  # pylint: disable=g-import-not-at-top
+  data = config.data
+  index, count = _process()
+  options = bert_pretrain.PretrainOptions(
+      max_len=int(data.max_len), max_predictions=int(data.max_predictions),
+      mask_rate=float(data.mask_rate), sentence_task=data.sentence_task,
+      short_seq_prob=float(data.get('short_seq_prob', 0.1)))
+  train_docs = bert_pretrain.tokenize_documents(tokenizer, train_documents)
+  valid_docs = bert_pretrain.tokenize_documents(tokenizer, valid_documents)
+  train = bert_pretrain.PretrainBatches(train_docs, tokenizer, options,
+                                        batch_size=int(data.batch_size), seed=int(config.seed),
+                                        process_index=index, process_count=count)
+  valid = bert_pretrain.PretrainBatches(valid_docs, tokenizer, options,
+                                        batch_size=int(data.batch_size),
+                                        seed=int(config.seed) + 1_000_003,
+                                        process_index=index, process_count=count)
+  return train, [valid.batch(i) for i in range(int(data.eval_batches))]
+
+
+def pretrain(config, workdir: str) -> dict:
+  """Pretrains (or resumes) to train.num_steps; returns the trainer's final metrics."""
+  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
+                                            'log_every'))
+  experiment.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'max_predictions',
+                                            'mask_rate', 'sentence_task', 'eval_batches'))
+  pretrain_model_config(config, int(config.tokenizer.vocab_size))
+  experiment.check_mesh(config, int(config.data.batch_size))
+  train_docs, valid_docs = load_documents(config)
+  os.makedirs(workdir, exist_ok=True)
+  task, trainer, tokenizer = build_pretrain(config, workdir, train_docs)
+  experiment.save_config(config, workdir)
+  train_data, valid_batches = make_pretrain_data(config, tokenizer, train_docs, valid_docs)
+  logging.info('documents: %d train (%d lines), %d held out (%d lines); vocabulary %d',
+               len(train_docs), sum(map(len, train_docs)), len(valid_docs),
+               sum(map(len, valid_docs)), tokenizer.vocab_size)
+  task.eval_batches = valid_batches
+  results = trainer.fit(train_data, lambda: iter(valid_batches))
+  results['params'] = trainer.num_params()
+  trainer.close()
+  return results
+
+
+def restore_pretrained(workdir: str):
+  """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint."""
+  config = experiment.load_saved_config(workdir)
+  _, trainer, tokenizer = build_pretrain(config, workdir)
+  params = jax.device_get(trainer.restore_params())
+  cfg = pretrain_model_config(config, tokenizer.vocab_size)
+  trainer.close()
+  return cfg, params, tokenizer
+
+
+# -- fine-tuning --------------------------------------------------------------------------------
+
+def load_init(config):
+  """(model config, pretrained params, tokenizer, type_vocab_size) from init.*."""
+  init = config.init
+  overrides = dict(config.get('model', {}))
+  if init.hf_dir:
+    from transformer_jax.convert.hf_bert import load_hf_bert  # pylint: disable=g-import-not-at-top
+    cfg, params, tokenizer, heads = load_hf_bert(init.hf_dir)
+    return cfg.replace(**overrides), params, tokenizer, heads['type_vocab_size']
+  if init.bert_workdir:
+    cfg, params, tokenizer = restore_pretrained(init.bert_workdir)
+    return cfg.replace(**overrides), params, tokenizer, 2
+  raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR (a '
+                    'Hugging Face BERT directory) or --config.init.bert_workdir=DIR (a '
+                    'pretraining workdir)')
+
+
+def load_classification_data(config) -> dict:
+  from transformer_jax.data import classification  # pylint: disable=g-import-not-at-top
+  data = config.data
+  if data.source == 'tsv':
+    if not data.dir:
+      raise ConfigError('data.dir is empty: pass --config.data.dir=DIR with train.tsv and dev.tsv')
+    splits = classification.load_sst2_tsv(data.dir)
+  elif data.source == 'tfds':
+    splits = classification.load_sst2_tfds(data.tfds_data_dir or None, data.tfds_name)
+  else:
+    raise ConfigError(f"data.source must be 'tsv' or 'tfds', got {data.source!r}")
+  limit = int(data.get('max_train_examples', 0))
+  if limit:
+    splits['train'] = tuple(x[:limit] for x in splits['train'])
+  num_labels = int(data.num_labels)
+  for split, (_, labels) in splits.items():
+    bad = sorted({y for y in labels if not 0 <= y < num_labels})
+    if bad:
+      raise ConfigError(f'{split} labels {bad[:5]} are outside [0, data.num_labels={num_labels})')
+  return splits
+
+
+def finetune(config, workdir: str) -> dict:
+  """Fine-tunes a pretrained BERT on sentence classification; returns final metrics with
+  'dev_accuracy' (accuracy on the whole dev split)."""
+  from transformer_jax.data import classification  # pylint: disable=g-import-not-at-top
+  from transformer_jax.tasks.bert import BertClassificationTask  # pylint: disable=g-import-not-at-top
+  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
+                                            'log_every'))
+  experiment.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'num_labels'))
+  experiment.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
+  experiment.check_mesh(config, int(config.data.batch_size))
+  splits = load_classification_data(config)
+  cfg, pretrained, tokenizer, type_vocab_size = load_init(config)
+  os.makedirs(workdir, exist_ok=True)
+  max_len = int(config.data.max_len)
+  if max_len > cfg.max_len:
+    raise ConfigError(f'data.max_len={max_len} exceeds the model position table ({cfg.max_len})')
+  tokenizer.save(os.path.join(workdir, VOCAB_FILE))
+  experiment.save_config(config, workdir)
+  index, count = _process()
+  encode = lambda split: classification.encode_examples(tokenizer, splits[split][0], max_len)
+  batch = int(config.data.batch_size)
+  train_data = classification.ClassificationBatches(
+      encode('train'), splits['train'][1], batch_size=batch, max_len=max_len,
+      seed=int(config.seed), process_index=index, process_count=count)
+  dev = classification.eval_batches(encode('dev'), splits['dev'][1], batch_size=batch,
+                                    max_len=max_len, process_index=index, process_count=count)
+  logging.info('fine-tuning: %d train examples (%d batches per epoch), %d dev examples',
+               len(splits['train'][0]), train_data.batches_per_epoch, len(splits['dev'][0]))
+  task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
+  trainer = Trainer(config, task, workdir)
+  state = trainer.init_or_restore(train_data)
+  if int(jax.device_get(state.step)) == 0:
+    state = overlay_params(state, pretrained)
+  results = trainer.fit(train_data, lambda: iter(dev), state=state)
+  results['dev_accuracy'] = results.get('eval_accuracy', float('nan'))
+  results['params'] = trainer.num_params()
+  trainer.close()
+  return results
+
+
+def run(config, workdir: str, mode: str = '') -> dict:
+  mode = mode or config.get('mode', '')
+  if mode not in MODES:
+    raise ConfigError(f'mode must be one of {MODES} (--mode or config.mode), got {mode!r}')
+  return pretrain(config, workdir) if mode == 'pretrain' else finetune(config, workdir)

@@ -1,0 +1,111 @@
+"""BERT tasks for the one trainer: masked-LM (+ NSP/SOP) pretraining and sequence classification.
+
+Pretraining batches (data/bert_pretrain.py): 'inputs', 'segments' [B, T]; 'mlm_positions',
+'mlm_ids', 'mlm_weights' [B, P] (the masked positions, their original ids, 1/0 for real/padded
+predictions); 'sentence_labels' [B] (0 = B follows A / in order, 1 = random / swapped).
+Classification batches (data/classification.py): 'inputs', 'segments', 'labels', 'weights'.
+
+The trainer divides every metric sum by 'weight'. For pretraining that is the number of masked
+tokens (so 'loss'/'accuracy' are the MLM figures); the sentence task's accuracy has a different
+denominator and is measured by `evaluate` on the same held-out batches.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import sharding
+from transformer_jax.losses import cross_entropy_sums
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.bert import Bert
+
+SENTENCE_TASKS = ('nsp', 'sop', 'none')
+
+
+def _count_tokens(batch) -> int:
+  return int(np.count_nonzero(batch['inputs']))  # non-[PAD] input tokens
+
+
+class BertPretrainTask:
+  """Masked-LM loss (+ the 2-way sentence loss for NSP or SOP); loss = MLM mean + sentence mean."""
+
+  def __init__(self, cfg: TransformerConfig, *, sentence_task: str = 'nsp',
+               type_vocab_size: int = 2):
+    self.cfg, self.sentence_task = cfg, sentence_task
+    self.model = Bert(cfg, type_vocab_size=type_vocab_size, mlm=True,
+                      sentence_classes=0 if sentence_task == 'none' else 2)
+    self.eval_batches: list = []  # held-out batches for the sentence-task accuracy
+    self._eval_fn = jax.jit(self._sentence_sums)
+
+  def init_variables(self, rng):
+    t = min(8, self.cfg.max_len)
+    tokens = jnp.ones((1, t), jnp.int32)
+    return self.model.init({'params': rng, 'dropout': rng}, tokens, jnp.zeros_like(tokens),
+                           mlm_positions=jnp.zeros((1, 2), jnp.int32))
+
+  def _apply(self, params, batch, rng, deterministic):
+    rngs = None if deterministic else {'dropout': rng}
+    return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
+                            mlm_positions=batch['mlm_positions'], deterministic=deterministic,
+                            rngs=rngs)
+
+  def loss_fn(self, params, batch, rng, deterministic: bool):
+    out = self._apply(params, batch, rng, deterministic)
+    _, nll, correct, weight = cross_entropy_sums(out['mlm_logits'], batch['mlm_ids'],
+                                                 batch['mlm_weights'])
+    loss = nll / jnp.maximum(weight, 1.0)
+    if self.sentence_task != 'none':
+      s_nll = cross_entropy_sums(out['sentence_logits'], batch['sentence_labels'],
+                                 jnp.ones(batch['sentence_labels'].shape, jnp.float32))[1]
+      loss = loss + s_nll / batch['sentence_labels'].shape[0]
+    return loss, {'loss': nll, 'correct': correct, 'weight': weight}
+
+  def _sentence_sums(self, params, batch):
+    out = self._apply(params, batch, None, True)
+    _, nll, correct, weight = cross_entropy_sums(
+        out['sentence_logits'], batch['sentence_labels'],
+        jnp.ones(batch['sentence_labels'].shape, jnp.float32))
+    return jnp.stack([nll, correct, weight])
+
+  def count_tokens(self, batch) -> int:
+    return _count_tokens(batch)
+
+  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+    """Sentence-task (NSP/SOP) loss and accuracy on the held-out batches."""
+    if self.sentence_task == 'none' or not self.eval_batches:
+      return {}
+    with sharding.use_mesh(trainer.mesh, trainer.rules):
+      sums = [self._eval_fn(params, trainer.to_global(b)) for b in self.eval_batches]
+    nll, correct, weight = np.sum(np.asarray(jax.device_get(sums)), axis=0)
+    return {f'{self.sentence_task}_loss': float(nll / max(weight, 1.0)),
+            f'{self.sentence_task}_accuracy': float(correct / max(weight, 1.0))}
+
+
+class BertClassificationTask:
+  """Cross-entropy of the [CLS]-pooled classifier; 'weight' counts examples, so the trainer's
+  eval 'accuracy' is the classification accuracy."""
+
+  def __init__(self, cfg: TransformerConfig, num_labels: int, *, type_vocab_size: int = 2):
+    self.cfg, self.num_labels = cfg, num_labels
+    self.model = Bert(cfg, type_vocab_size=type_vocab_size, mlm=False, sentence_classes=0,
+                      num_labels=num_labels)
+
+  def init_variables(self, rng):
+    tokens = jnp.ones((1, min(8, self.cfg.max_len)), jnp.int32)
+    return self.model.init({'params': rng, 'dropout': rng}, tokens, jnp.zeros_like(tokens))
+
+  def logits(self, params, batch, rng=None, deterministic: bool = True):
+    rngs = None if deterministic else {'dropout': rng}
+    return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
+                            deterministic=deterministic, rngs=rngs)['class_logits']
+
+  def loss_fn(self, params, batch, rng, deterministic: bool):
+    logits = self.logits(params, batch, rng, deterministic)
+    _, nll, correct, weight = cross_entropy_sums(logits, batch['labels'], batch['weights'])
+    return nll / jnp.maximum(weight, 1.0), {'loss': nll, 'correct': correct, 'weight': weight}
+
+  def count_tokens(self, batch) -> int:
+    return _count_tokens(batch)
+
+  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+    return {}
