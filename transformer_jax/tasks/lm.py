@@ -24,6 +24,9 @@ from transformer_jax.losses import cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
 
+# The line whose attention maps go to TensorBoard at every evaluation ('' = none).
+ATTENTION_TEXT = 'To be, or not to be, that is the question.'
+
 
 class LanguageModelTask:
   """Trains a `GPT` on windows {'inputs', 'targets'} and samples text from it."""
@@ -31,7 +34,7 @@ class LanguageModelTask:
   def __init__(self, cfg: TransformerConfig, *, tokenizer=None, eos_id: int | None = None,
                sample_prompt: list[int] | None = None, sample_tokens: int = 200,
                temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0,
-               sample_seed: int = 0):
+               sample_seed: int = 0, attention_text: str = ATTENTION_TEXT):
     self.cfg = cfg
     self.model = GPT(cfg)
     # Dropout is off when generating; decode mode keeps the KV cache.
@@ -41,6 +44,7 @@ class LanguageModelTask:
     self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self.sample_seed = sample_seed
+    self.attention_text = attention_text  # read at every evaluation for the attention pictures
     # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
     self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'))
 
@@ -160,3 +164,18 @@ class LanguageModelTask:
     trainer.write_text(step, 'samples', text.replace('\n', '  \n'))
     return {}
 
+  def summary_images(self, params) -> dict[str, np.ndarray]:
+    """Self-attention maps (layers x heads) of the model reading a fixed line, for TensorBoard."""
+    if self.tokenizer is None or not self.attention_text:
+      return {}
+    from transformer_jax import visualize  # pylint: disable=g-import-not-at-top
+    from transformer_jax.data import lm as lm_data  # pylint: disable=g-import-not-at-top
+    if isinstance(self.tokenizer, lm_data.CharTokenizer):
+      ids = self.tokenizer.encode(self.attention_text, skip_unknown=True)
+    else:
+      ids = lm_data.prompt_ids(self.tokenizer, self.attention_text)
+    ids = ids[:self.cfg.max_len]
+    if not ids:
+      return {}
+    return visualize.overview_images(
+        visualize.lm_attention(self.model, params, self.tokenizer, '', ids=ids))

@@ -7,7 +7,6 @@ translation (teacher forcing, label smoothing, decoding, detokenised BLEU) lives
 import functools
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,3 +134,14 @@ class TranslationTask:
     exact = float(np.mean([h.strip() == r.strip() for h, r in
                            zip(hypotheses, self.eval_references)]))
     return {'bleu': bleu.score, 'exact_match': exact}
+
+  def summary_images(self, params) -> dict[str, np.ndarray]:
+    """Attention maps (layers x heads per stack and type) of the first validation pair, its
+    reference teacher-forced: the same sentence at every evaluation, for TensorBoard."""
+    if not self.eval_sources or self.src_tokenizer is None:
+      return {}
+    from transformer_jax import visualize  # pylint: disable=g-import-not-at-top
+    maps = visualize.translation_attention(self.model, params, self.src_tokenizer,
+                                           self.tgt_tokenizer, self.eval_sources[0],
+                                           self.eval_references[0])
+    return visualize.overview_images(maps)
