@@ -61,6 +61,7 @@ def test_pretrain_then_finetune(translate_cli, tmp_path):
   assert [m['step'] for m in evals] == [6, 12]
   assert 0.0 <= evals[-1]['eval/nsp_accuracy'] <= 1.0 and evals[-1]['eval/loss'] > 0
 
+  before = {str(p): p.stat().st_mtime_ns for p in tmp_path.joinpath('pre').rglob('*')}
   fine = str(tmp_path / 'fine')
   args = [f'--config={SST2}', f'--workdir={fine}', '--config.init.hf_dir=',
           f'--config.init.bert_workdir={pre}', f'--config.data.dir={sst2}', *_flags({
@@ -71,6 +72,8 @@ def test_pretrain_then_finetune(translate_cli, tmp_path):
   evals = [m for m in _metrics(fine) if 'eval/accuracy' in m]
   assert [m['step'] for m in evals] == [6, 12]
   assert 0.0 <= evals[-1]['eval/accuracy'] <= 1.0
+  # Fine-tuning read the pretraining workdir and wrote nothing there.
+  assert {str(p): p.stat().st_mtime_ns for p in tmp_path.joinpath('pre').rglob('*')} == before
   # Rerunning resumes from the last checkpoint: nothing left to train, one more evaluation.
   result = _run(translate_cli, *args)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -142,10 +142,7 @@ class Trainer:
     self._build_state_shardings()
     self.checkpointer.check_fits(self.abstract_state)  # a changed model fails before any write
     self.is_chief = jax.process_index() == 0
-    self.writer = None
-    if self.is_chief:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+    self._writer = None  # created on first write: restoring for inference writes nothing
     self._batch_sharding = sharding.batch_sharding(self.mesh)
     self._train_step = jax.jit(
         make_train_step(task.loss_fn, self.tx, int(config.seed), self.accumulation_steps),
@@ -236,6 +233,14 @@ class Trainer:
     if 'loss' in out:
       out['perplexity'] = float(np.exp(min(out['loss'], 50.0)))
     return out
+
+  @property
+  def writer(self):
+    """The chief's TensorBoard writer (None on other processes)."""
+    if self._writer is None and self.is_chief:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._writer = SummaryWriter(os.path.join(self.workdir, 'tensorboard'))
+    return self._writer
 
   def write_scalars(self, step: int, scalars: dict[str, float], prefix: str):
     record = {'step': step, **{f'{prefix}/{k}': v for k, v in scalars.items()}}
@@ -374,8 +379,8 @@ class Trainer:
     finally:
       stop_signal.__exit__()
       self.checkpointer.wait()
-      if self.writer is not None:
-        self.writer.flush()
+      if self._writer is not None:
+        self._writer.flush()
     self.state = state
     elapsed = time.time() - start_time
     final.update(step=step, minutes=elapsed / 60.0, tokens=total_tokens,
@@ -386,5 +391,5 @@ class Trainer:
 
   def close(self):
     self.checkpointer.close()
-    if self.writer is not None:
-      self.writer.close()
+    if self._writer is not None:
+      self._writer.close()
