@@ -10,6 +10,7 @@ The order of an epoch is a pure function of (seed, epoch), so the position
 {'epoch', 'position'} is enough to resume exactly where a run stopped.
 """
 
+import abc
 from collections.abc import Iterator, Sequence
 
 from absl import logging
@@ -276,7 +277,7 @@ class BucketedBatcher:
     self._epoch, self._position = epoch, position
 
 
-class StepIndexedBatches:
+class StepIndexedBatches(abc.ABC):
   """Endless batches where batch `step` is a pure function of (seed, step): the position to
   save is the step alone. Subclasses define `batch(step)` and call `_init_rows` so that with
   several processes each yields its own contiguous slice of the same global batch (the global
@@ -291,8 +292,9 @@ class StepIndexedBatches:
     local = batch_size // process_count
     self._rows = slice(process_index * local, (process_index + 1) * local)
 
+  @abc.abstractmethod
   def batch(self, step: int):
-    raise NotImplementedError
+    """The rows of global batch `step` that this process feeds."""
 
   def __iter__(self):
     while True:
