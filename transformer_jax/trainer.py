@@ -280,9 +280,6 @@ class Trainer:
     step = int(jax.device_get(state.step))
     logging.info('model has %s parameters; training from step %d to %d on mesh %s',
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
-    # SIGTERM/SIGINT finish the current step, checkpoint and exit cleanly (preemption); with
-    # several processes all of them stop after the same step.
-    stop_signal = preemption.StopSignal().__enter__()
     self._stop_requested = None
     iterator = iter(train_data)
     token_counter = getattr(self.task, 'count_tokens', count_tokens)
@@ -306,7 +303,9 @@ class Trainer:
       final.update({f'eval_{k}': v for k, v in eval_metrics.items()})
 
     try:
-      with sharding.use_mesh(self.mesh, self.rules):
+      # SIGTERM/SIGINT finish the current step, checkpoint and exit cleanly (preemption); with
+      # several processes all of them stop after the same step.
+      with sharding.use_mesh(self.mesh, self.rules), preemption.StopSignal() as stop_signal:
         while step < num_steps:
           batch = next(iterator)
           if step == last_log_step and not pending:
@@ -377,7 +376,6 @@ class Trainer:
         if not self._stop_requested:
           run_eval(step)
     finally:
-      stop_signal.__exit__()
       self.checkpointer.wait()
       if self._writer is not None:
         self._writer.flush()
