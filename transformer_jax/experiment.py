@@ -14,6 +14,7 @@ import tempfile
 from absl import logging
 
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.files import write_atomically
 
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
@@ -166,10 +167,7 @@ def check_mesh(config, global_batch: int | None = None):
 def save_config(config, workdir: str):
   """Writes the resolved config next to the checkpoints (atomically) for later runs to read."""
   path = os.path.join(workdir, 'config.json')
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(tmp, path)
+  write_atomically(path, config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def load_saved_config(workdir: str):

@@ -31,6 +31,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.errors import DataError
+from transformer_jax.files import write_atomically
 
 WEIGHTS_NAME = 'attention_weights'  # what MultiHeadAttention sows
 DPI = 100
@@ -424,9 +425,7 @@ def write_attention_report(out_dir: str, maps: Sequence[AttentionMap], *, title:
                   f'<figcaption>{html.escape(caption)}</figcaption></figure>')
   page.append('</body></html>')
   path = os.path.join(out_dir, 'index.html')
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write('\n'.join(page) + '\n')
-  os.replace(path + '.tmp', path)
+  write_atomically(path, '\n'.join(page) + '\n')
   return path
 
 

@@ -13,7 +13,6 @@ joined with EOS, which also tells the model where a document ends.
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from transformer_jax.data.batching import StepIndexedBatches
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.errors import DataError
+from transformer_jax.files import write_atomically
 
 Batch = dict[str, np.ndarray]
 
@@ -108,18 +108,7 @@ class CharTokenizer:
 
   def save(self, path: str):
     """Writes atomically, so a killed run never leaves half a vocabulary behind."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + '.tmp-')
-    try:
-      with os.fdopen(fd, 'w', encoding='utf-8') as f:
-        json.dump({'type': 'char', 'chars': self.chars}, f, ensure_ascii=True)
-      os.chmod(tmp, 0o644)
-      os.replace(tmp, path)
-    except BaseException:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-      raise
+    write_atomically(path, json.dumps({'type': 'char', 'chars': self.chars}, ensure_ascii=True))
 
   @classmethod
   def load(cls, path: str) -> 'CharTokenizer':

@@ -8,7 +8,6 @@ import io
 import os
 import random
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 
 from absl import logging
@@ -16,6 +15,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.errors import DataError
+from transformer_jax.files import write_atomically
 
 PAD_ID = 0  # Zero so that freshly zeroed arrays are already padding.
 EOS_ID = 1
@@ -124,28 +124,6 @@ def _sample_sentences(texts: Iterable[str], max_sentences: int, seed: int) -> li
   return sample
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-  """Writes `data` to `path` so readers see the old file or the new one, never half.
-
-  Matters when a run is killed mid-write, or when several processes of one job
-  write the same (deterministic) tokenizer at once.
-  """
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + '.tmp-')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp_path, 0o644)  # mkstemp makes owner-only files; this is a normal one.
-    os.replace(tmp_path, path)
-  except BaseException:
-    if os.path.exists(tmp_path):
-      os.remove(tmp_path)
-    raise
-
-
 def train_tokenizer(texts: Iterable[str], model_path: str, vocab_size: int, *,
                     model_type: str = 'unigram', character_coverage: float = 1.0,
                     max_sentences: int = 2_000_000, seed: int = 0) -> Tokenizer:
@@ -180,7 +158,7 @@ def train_tokenizer(texts: Iterable[str], model_path: str, vocab_size: int, *,
                       f'on {len(sentences)} sentences: {too_high.group(0)} Use a smaller '
                       'vocab_size or more text') from None
     raise DataError(f'cannot train the tokenizer {model_path}: {e}') from None
-  _write_atomically(model_path, model.getvalue())
+  write_atomically(model_path, model.getvalue())
   tokenizer = Tokenizer.from_serialized(model.getvalue())
   logging.info('trained a %s tokenizer with %d pieces on %d sentences, saved to %s',
                model_type, tokenizer.vocab_size, len(sentences), model_path)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from transformer_jax.errors import DataError
+from transformer_jax.files import write_atomically
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')  # [PAD] first: id 0
 
@@ -65,10 +66,7 @@ class WordPieceTokenizer:
   def save(self, path: str):
     """Writes vocab.txt atomically (line i = the token with id i)."""
     tokens = [self._inverse.get(i, f'[unused_{i}]') for i in range(self.vocab_size)]
-    tmp = path + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write('\n'.join(tokens) + '\n')
-    os.replace(tmp, path)
+    write_atomically(path, '\n'.join(tokens) + '\n')
 
   @classmethod
   def load_or_train(cls, path: str, texts_fn, vocab_size: int,

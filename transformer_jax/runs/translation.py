@@ -12,6 +12,7 @@ from transformer_jax import experiment
 from transformer_jax.data import batching, text, tokenizer as tok
 from transformer_jax.data.numbers import make_numbers_splits
 from transformer_jax.errors import ConfigError
+from transformer_jax.files import write_atomically
 from transformer_jax.model_config import model_config_from_dict
 
 
@@ -112,9 +113,7 @@ def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
   hypotheses = task.translate(params, sources, trainer.mesh)
   bleu = sacrebleu.corpus_bleu(hypotheses, [references])
   out_path = os.path.join(workdir, f'{prefix}.{config.data.tgt_lang}.hyp')
-  with open(out_path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write('\n'.join(hypotheses) + '\n')
-  os.replace(out_path + '.tmp', out_path)
+  write_atomically(out_path, '\n'.join(hypotheses) + '\n')
   logging.info('%s: %s (translations in %s)', prefix, bleu, out_path)
   return {'bleu': bleu.score, 'hypotheses_path': out_path}
 

@@ -1,0 +1,28 @@
+"""Atomic file writes: readers see the old file or the new one, never half of one."""
+
+import os
+import tempfile
+
+
+def write_atomically(path: str, data: bytes | str) -> None:
+  """Writes `data` (str as UTF-8) to `path` through a uniquely named temporary file.
+
+  Matters when a run is killed mid-write, and when several processes of one job write the same
+  (deterministic) file at once: each has its own temporary file, so none renames another's.
+  """
+  if isinstance(data, str):
+    data = data.encode('utf-8')
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + '.tmp-')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp_path, 0o644)  # mkstemp makes owner-only files; this is a normal one.
+    os.replace(tmp_path, path)
+  except BaseException:
+    if os.path.exists(tmp_path):
+      os.remove(tmp_path)
+    raise
