@@ -3,7 +3,10 @@ r"""Generation speed: KV cache vs recomputing the whole prefix, for GPT and tran
   python benchmarks/decode.py                 # both parts; a few minutes
   python benchmarks/decode.py --parts=throughput --batch_sizes=1,16
 
-Part 'context' (the baby GPT, batch 1): per-token time as the context grows.
+Part 'context' (batch 1; the baby GPT and GPT-2 small, `--context_models`): per-token time as
+the context grows, next to the ratio a purely memory-bound step would show (weights + the
+keys/values so far, read once per token): for the baby model, whose cache at 1024 outweighs its
+weights, that bound alone is ~2.2x; for GPT-2 small it is ~1.14x.
 
 For each context length C the model continues a C-token prompt:
   cached:    the prompt is prefilled once, then each new token is one cached step (attention
@@ -33,6 +36,7 @@ if __name__ == '__main__':
   runtime.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
 import json
 import time
 
@@ -47,6 +51,8 @@ _PROMPT = flags.DEFINE_integer('prompt', 64, 'GPT prompt length (throughput part
 _SOURCE_LEN = flags.DEFINE_integer('source_len', 24, 'Translation source length.')
 _TARGET_LEN = flags.DEFINE_integer('target_len', 32, 'Translation steps (output length).')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Translation beam size.')
+_CONTEXT_MODELS = flags.DEFINE_list('context_models', ['baby', 'gpt2'],
+                                    "GPT sizes for the context part: 'baby', 'gpt2' (124M).")
 NO_EOS = -1  # an id no step can emit: every decode runs its full length
 
 
@@ -86,7 +92,7 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
       jax.random.key(0))['params']
   prompt = jax.random.randint(jax.random.key(1), (batch_size, prompt_len), 0, cfg.vocab_size)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
   def cached(params, prompt):  # prefill + `new` cached greedy steps
     cache = empty_cache(decoder, jnp.zeros((batch_size, total - 1), jnp.int32))
     _, state = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
@@ -162,7 +168,7 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
     last = jax.lax.dynamic_index_in_dim(logits, cache['step'], axis=1, keepdims=False)
     return last, {'history': history, 'step': cache['step'] + 1}
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
   def cached(params, inputs):
     cache = empty_cache(decoder, inputs, jnp.zeros((batch_size, target_len), jnp.int32))
     return search(params, inputs, cached_logits, cache)
@@ -205,6 +211,15 @@ def main(argv):
   print(json.dumps(out))
 
 
+CONTEXT_MODELS = {
+    # The baby shakespeare_char model: 0.8M parameters, so at long contexts the cache it reads
+    # per token (4.5 MB at 1024) outweighs its weights (3.2 MB).
+    'baby': dict(vocab_size=65, emb_dim=128, num_heads=4, mlp_dim=512, num_decoder_layers=4),
+    # GPT-2 small (124M): weights 500 MB per token against a 75 MB cache at 1024.
+    'gpt2': dict(),
+}
+
+
 def context_part() -> dict:
   import flax.linen as nn
   import jax
@@ -216,62 +231,77 @@ def context_part() -> dict:
 
   contexts = [int(c) for c in _CONTEXTS.value]
   new = _NEW.value
-  # The baby shakespeare_char model, with a position table long enough for every test.
-  cfg = gpt2_config(vocab_size=65, emb_dim=128, num_heads=4, mlp_dim=512, num_decoder_layers=4,
-                    max_len=max(contexts) + new, dropout_rate=0.0, attention_dropout_rate=0.0)
-  model, decoder = GPT(cfg), GPT(cfg.replace(decode=True))
-  params = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 8), jnp.int32))))(
-      jax.random.key(0))['params']
-  rng = np.random.default_rng(0)
+  out = {}
+  for name in _CONTEXT_MODELS.value:
+    # A position table long enough for every context.
+    cfg = gpt2_config(**CONTEXT_MODELS[name], max_len=max(contexts) + new, dropout_rate=0.0,
+                      attention_dropout_rate=0.0)
+    model, decoder = GPT(cfg), GPT(cfg.replace(decode=True))
+    params = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 8), jnp.int32))))(
+        jax.random.key(0))['params']
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    rng = np.random.default_rng(0)
 
-  @jax.jit
-  def prefill(params, prompt):
-    cache_len = prompt.shape[1] + new - 1
-    shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((1, cache_len), jnp.int32))
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes['cache'])
-    _, updated = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
-                               mutable=['cache'])
-    return updated['cache']
+    @jax.jit
+    def prefill(params, prompt):
+      cache_len = prompt.shape[1] + new - 1
+      shapes = jax.eval_shape(decoder.init, jax.random.key(0),
+                              jnp.zeros((1, cache_len), jnp.int32))
+      cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes['cache'])
+      _, updated = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
+                                 mutable=['cache'])
+      return updated['cache']
 
-  @jax.jit
-  def cached_steps(params, cache, first):
-    def tokens_to_logits(tokens, cache):
-      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
-                                      mutable=['cache'])
-      return logits[:, -1], updated['cache']
-    return decoding.sample(tokens_to_logits, cache, jax.random.key(0), first_tokens=first,
-                           max_len=new, temperature=0.0)
+    @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
+    def cached_steps(params, cache, first):
+      def tokens_to_logits(tokens, cache):
+        logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
+                                        mutable=['cache'])
+        return logits[:, -1], updated['cache']
+      return decoding.sample(tokens_to_logits, cache, jax.random.key(0), first_tokens=first,
+                             max_len=new, temperature=0.0)
 
-  @jax.jit
-  def recompute_step(params, window):
-    return jnp.argmax(model.apply({'params': params}, window)[:, -1], axis=-1)
+    @jax.jit
+    def recompute_step(params, window):
+      return jnp.argmax(model.apply({'params': params}, window)[:, -1], axis=-1)
 
-  results = {}
-  for context in contexts:
-    prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(1, context)), jnp.int32)
-    cache = prefill(params, prompt)
-    cached = [t / new for t in fastest(lambda: cached_steps(params, cache, prompt[:, -1]),
-                                       _REPEATS.value)]
-    recompute = fastest(lambda: recompute_step(params, prompt), _REPEATS.value)
-    results[context] = (cached, recompute)
-    logging.info('context %5d: cached %.3f ms/token (CPU %.3f), recompute %.3f ms/token '
-                 '(CPU %.3f): %.1fx', context, cached[0] * 1e3, cached[1] * 1e3,
-                 recompute[0] * 1e3, recompute[1] * 1e3, recompute[0] / cached[0])
+    repeats = _REPEATS.value if param_bytes < 50e6 else max(2, _REPEATS.value // 2)
+    results = {}
+    for context in contexts:
+      prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(1, context)), jnp.int32)
+      cache = prefill(params, prompt)
+      cached = [t / new for t in fastest(lambda: cached_steps(params, cache, prompt[:, -1]),
+                                         repeats)]
+      recompute = fastest(lambda: recompute_step(params, prompt), repeats)
+      # What a step must read at the least: every weight once, and the keys and values of the
+      # tokens so far (the mean context over the timed steps).
+      cache_bytes = 2 * cfg.num_decoder_layers * (context + new / 2) * cfg.kv_heads * \
+          cfg.qkv_dim * 4
+      results[context] = (cached, recompute, param_bytes + cache_bytes)
+      logging.info('%s context %5d: cached %.3f ms/token (CPU %.3f), recompute %.3f ms/token '
+                   '(CPU %.3f): %.1fx; least bytes per token %.1f MB', name, context,
+                   cached[0] * 1e3, cached[1] * 1e3, recompute[0] * 1e3, recompute[1] * 1e3,
+                   recompute[0] / cached[0], (param_bytes + cache_bytes) / 1e6)
 
-  first, last = contexts[0], contexts[-1]
-  out = {
-      'device': jax.devices()[0].platform, 'new_tokens': new,
-      'cached_ms_per_token': {str(c): round(r[0][0] * 1e3, 4) for c, r in results.items()},
-      'recompute_ms_per_token': {str(c): round(r[1][0] * 1e3, 4) for c, r in results.items()},
-      'cached_cpu_ms_per_token': {str(c): round(r[0][1] * 1e3, 4) for c, r in results.items()},
-      'recompute_cpu_ms_per_token': {str(c): round(r[1][1] * 1e3, 4)
-                                     for c, r in results.items()},
-      f'cached_ratio_{last}_vs_{first}': round(results[last][0][0] / results[first][0][0], 3),
-      f'cached_cpu_ratio_{last}_vs_{first}': round(
-          results[last][0][1] / results[first][0][1], 3),
-      f'speedup_at_{last}': round(results[last][1][0] / results[last][0][0], 1),
-  }
-  return out
+    first, last = contexts[0], contexts[-1]
+    ratio = results[last][0][0] / results[first][0][0]
+    bound = results[last][2] / results[first][2]
+    print(f'{name}: cached ms/token ' + ', '.join(
+        f'{c}: {r[0][0] * 1e3:.3f}' for c, r in results.items()) +
+          f' | {last}/{first} {ratio:.2f}x (memory-traffic bound {bound:.2f}x) | '
+          f'{results[last][1][0] / results[last][0][0]:.0f}x faster than recompute', flush=True)
+    out[name] = {
+        'params': int(sum(x.size for x in jax.tree.leaves(params))), 'new_tokens': new,
+        'cached_ms_per_token': {str(c): round(r[0][0] * 1e3, 4) for c, r in results.items()},
+        'recompute_ms_per_token': {str(c): round(r[1][0] * 1e3, 4) for c, r in results.items()},
+        'cached_cpu_ms_per_token': {str(c): round(r[0][1] * 1e3, 4) for c, r in results.items()},
+        f'cached_ratio_{last}_vs_{first}': round(ratio, 3),
+        f'cached_cpu_ratio_{last}_vs_{first}': round(results[last][0][1] / results[first][0][1],
+                                                     3),
+        f'bytes_bound_ratio_{last}_vs_{first}': round(bound, 3),
+        f'speedup_at_{last}': round(results[last][1][0] / results[last][0][0], 1),
+    }
+  return {'device': jax.devices()[0].platform, 'context': out}
 
 
 if __name__ == '__main__':

@@ -62,8 +62,10 @@ CONFIGS = {
     'bert': dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128,
                  batch_size=32, vocab_size=30522),
 }
-# (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
-DEFAULT_STEPS = {'baby': (5, 40), 'mid': (1, 4), 'multi30k': (1, 4), 'bert': (1, 4)}
+# (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one. Three
+# warm-up steps: jemalloc's per-thread arenas reach their steady state only after a few steps
+# (with one, BERT's timed steps still faulted in ~200k fresh pages each; with three, ~1).
+DEFAULT_STEPS = {'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4)}
 FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
 MATMUL_N = 2048
 

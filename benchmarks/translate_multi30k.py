@@ -4,7 +4,8 @@ r"""Multi30k English->German under a wall-clock budget on this machine; prints B
 
 Trains experiments/configs/multi30k.py for `budget_minutes` of wall time (compilation and the
 periodic checkpoints included), picks the last checkpoint or the average of the last few by
-validation BLEU, translates test_2016_flickr with beam search and scores it two ways:
+validation BLEU (and, with `--alphas=0.6,1.0`, the length penalty by validation BLEU),
+translates test_2016_flickr with beam search and scores it two ways:
   sacrebleu:   detokenised, cased output against the raw references (sacreBLEU's default);
   bleu_lc_tok: output lowercased, punctuation-normalised and Moses-tokenised (sacremoses),
                against the official *.lc.norm.tok.* references with tokenize='none': the
@@ -36,6 +37,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory (default: a fres
 _SRC = flags.DEFINE_string('src_lang', 'en', 'Source language.')
 _TGT = flags.DEFINE_string('tgt_lang', 'de', 'Target language.')
 _OVERRIDES = flags.DEFINE_multi_string('set', [], 'Config overrides, e.g. --set=model.emb_dim=128')
+_ALPHAS = flags.DEFINE_list('alphas', [], 'Length penalties to choose from by validation BLEU '
+                            '(default: only eval.alpha); the test set is decoded with the best.')
 
 
 def moses_lc_tok(lines: list[str], lang: str) -> list[str]:
@@ -86,10 +89,20 @@ def main(argv):
     steps = sorted(trainer.checkpointer.manager.all_steps())[-config.eval.average_last:]
     params = average_params(trainer.checkpointer, trainer.abstract_state, steps)
 
+  valid_by_alpha = {}
+  if len(_ALPHAS.value) > 1:  # chosen on the validation set only
+    valid_sources, valid_references = translate.load_split(config, config.data.valid_prefix)
+    for alpha in map(float, _ALPHAS.value):
+      valid_by_alpha[alpha] = sacrebleu.corpus_bleu(
+          task.translate(params, valid_sources, trainer.mesh, alpha=alpha),
+          [valid_references]).score
+      logging.info('validation BLEU with alpha %.2f: %.2f', alpha, valid_by_alpha[alpha])
+    config.eval.alpha = max(valid_by_alpha, key=valid_by_alpha.get)
+
   prefix = 'test_2016_flickr'
   config.eval.test_prefix = prefix
   sources, references = translate.load_split(config, prefix)
-  hypotheses = task.translate(params, sources, trainer.mesh)
+  hypotheses = task.translate(params, sources, trainer.mesh, alpha=config.eval.alpha)
   cased = sacrebleu.corpus_bleu(hypotheses, [references])
   tok_ref_path = os.path.join(config.data.dir, f'{prefix}.lc.norm.tok.{config.data.tgt_lang}.gz')
   with gzip.open(tok_ref_path, 'rt', encoding='utf-8') as f:
@@ -105,7 +118,9 @@ def main(argv):
       'valid_bleu_last': round(results.get('valid_bleu_last', results.get('eval_bleu', 0.0)), 2),
       'valid_bleu_averaged': round(results.get('valid_bleu_averaged', 0.0), 2),
       'averaged_checkpoints': bool(results.get('averaged')),
-      'beam_size': config.eval.beam_size, 'train_tokens_per_s': round(results['tokens_per_s']),
+      'beam_size': config.eval.beam_size, 'alpha': config.eval.alpha,
+      'valid_bleu_by_alpha': {str(a): round(b, 2) for a, b in valid_by_alpha.items()},
+      'train_tokens_per_s': round(results['tokens_per_s']),
       'params': trainer.num_params(), 'steps': results['step'],
       'minutes': round(train_minutes, 2), 'total_minutes': round((time.time() - start) / 60, 2),
       'allocator': runtime.allocator_description().split(' ')[0], 'workdir': workdir,

@@ -358,8 +358,10 @@ def test_decode_mode_init_allocates_a_zero_cache_of_the_full_length():
   variables = MultiHeadAttention(cfg).init(jax.random.key(0), x)
   cache = variables['cache']
   assert set(cache) == {'cached_key', 'cached_value'}
+  # keys [B, K, D, S], values [B, K, S, D]: the layouts a decode step reads in place.
+  assert cache['cached_key'].shape == (B, 2, EMB // H, 7)
+  assert cache['cached_value'].shape == (B, 2, 7, EMB // H)
   for name in ('cached_key', 'cached_value'):
-    assert cache[name].shape == (B, 2, 7, EMB // H)  # heads-major [B, K, S, D]
     np.testing.assert_array_equal(cache[name], 0.0)
   # The allocating call attends like a normal (here unmasked) forward pass.
   params = variables['params']
@@ -382,7 +384,7 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   variables = jax.eval_shape(decoder.init, jax.random.key(0), x)
   params = randomise(variables['params'], 4)
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables['cache'])
-  assert cache['cached_key'].shape == (B, cfg.kv_heads, length, cfg.qkv_dim)
+  assert cache['cached_value'].shape == (B, cfg.kv_heads, length, cfg.qkv_dim)
 
   full = MultiHeadAttention(cfg).apply({'params': params}, x,
                                        mask=attention.make_causal_mask(length))
@@ -394,7 +396,27 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
     np.testing.assert_allclose(out[:, 0], full[:, t], rtol=1e-5, atol=1e-5,
                                err_msg=f'step {t}')
   # Every slot of the cache has been written.
-  assert np.all(np.abs(np.asarray(cache['cached_key'])).sum(axis=(1, 3)) > 0)
+  assert np.all(np.abs(np.asarray(cache['cached_value'])).sum(axis=(1, 3)) > 0)
+
+
+@pytest.mark.parametrize('kv_heads', [H, 2, 1], ids=['mha', 'gqa', 'mqa'])
+def test_decode_step_attention_matches_the_formula_with_mask_and_bias(kv_heads):
+  """One query per row over cache-layout keys [B, K, D, S] and values [B, K, S, D]: equal to the
+  float64 formula, with a padding mask (per row) and a per-head bias; masked keys get no weight
+  (a masked key's value, changed to anything, changes nothing)."""
+  q, k, v = random_qkv(3, t=1, s=S, kv_heads=kv_heads)
+  key_valid = jnp.array([[True] * S, [True] * (S - 2) + [False] * 2])
+  mask = key_valid[:, None, None, :]                                   # [B, 1, 1, S]
+  bias = jax.random.normal(jax.random.key(4), (1, H, 1, S))
+  keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
+  out = attention.decode_step_attention(q, keys, values, mask=mask, bias=bias)
+  expected, _ = numpy_attention(q, k, v, mask=mask, bias=bias)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+  values_changed = values.at[1, :, S - 1].set(1e3)
+  np.testing.assert_array_equal(
+      attention.decode_step_attention(q, keys, values_changed, mask=mask, bias=bias), out)
+  with pytest.raises(ValueError, match='one query per row'):
+    attention.decode_step_attention(jnp.concatenate([q, q], 1), keys, values)
 
 
 def test_rotary_self_attention_depends_on_positions():

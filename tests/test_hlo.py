@@ -118,3 +118,75 @@ def test_detector_flags_a_three_dimensional_dense():
   params = (jnp.ones((64, 256)), jnp.ones((256, 64)))
   hlo = jax.jit(jax.grad(loss)).lower(params, jnp.ones((4, 128, 64))).compile().as_text()
   assert transposes_outside_attention(hlo)
+
+
+# -- decoding: the KV cache is read in place ----------------------------------------------------
+
+
+def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
+  """`copy` instructions of the given shapes (e.g. 'f32[2,4,8,40]') anywhere but the ENTRY
+  computation: inside a decode loop's body (or a fusion it calls) they run on every step,
+  while ENTRY's run once (copying a non-donated argument)."""
+  found, computation = [], None
+  for line in hlo.splitlines():
+    if line and not line.startswith(' ') and line.rstrip().endswith('{'):
+      computation = 'ENTRY' if line.startswith('ENTRY') else line.split(' ')[0]
+      continue
+    match = _INSTRUCTION.match(line)
+    if match and computation != 'ENTRY' and match.group(3) == 'copy':
+      shape = match.group(2).split('{')[0]
+      if shape in shapes:
+        found.append(f'{computation}: {match.group(1)} {match.group(2)}')
+  return found
+
+
+def test_cached_decode_loop_never_copies_the_cache():
+  """A greedy decode loop of a small GPT, jitted as the library jits it: no step copies or
+  transposes a layer's cache (that copy made a token at context 1024 cost 6x one at 64)."""
+  from transformer_jax import decoding
+  from transformer_jax.blocks import empty_cache
+  from transformer_jax.models.gpt import GPT
+
+  cfg = gpt2_config(vocab_size=65, emb_dim=64, num_heads=4, mlp_dim=256, num_decoder_layers=2,
+                    max_len=72, dropout_rate=0.0, attention_dropout_rate=0.0)
+  decoder = GPT(cfg.replace(decode=True))
+  params = nn.meta.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))['params']
+  prompt = jnp.ones((2, 8), jnp.int32)
+
+  def generate(params, prompt):
+    cache = empty_cache(decoder, jnp.zeros((2, cfg.max_len), jnp.int32))
+    _, state = decoder.apply({'params': params, 'cache': cache}, prompt, mutable=['cache'])
+
+    def tokens_to_logits(tokens, cache):
+      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
+                                      mutable=['cache'])
+      return logits[:, -1], updated['cache']
+    return decoding.sample(tokens_to_logits, state['cache'], jax.random.key(0),
+                           first_tokens=prompt[:, -1], max_len=32, temperature=0.0)
+
+  hlo = jax.jit(generate, compiler_options=decoding.decode_compiler_options()).lower(
+      params, prompt).compile().as_text()
+  assert ' while(' in hlo
+  d = cfg.emb_dim // cfg.num_heads
+  cache_shapes = {f'f32[2,{cfg.num_heads},{d},{cfg.max_len}]',   # keys [B, K, D, S]
+                  f'f32[2,{cfg.num_heads},{cfg.max_len},{d}]',   # values [B, K, S, D]
+                  f'f32[2,{cfg.num_heads},{cfg.max_len},1]'}     # (a transposed view)
+  assert copies_outside_entry(hlo, cache_shapes) == []
+  # ...and its reductions are XLA's own loops, not YNNPACK calls (~15 us of overhead each).
+  assert '__ynn_fusion' not in hlo
+
+
+def test_copy_detector_flags_a_dot_over_an_updated_buffer():
+  """The check can fail: a loop that updates a [1, 4, S, 32] buffer in place and reads it with
+  an einsum (a dot) makes XLA:CPU transpose-copy the buffer inside the loop."""
+  def run(buffer, x):
+    def step(i, carry):
+      buffer, x = carry
+      buffer = jax.lax.dynamic_update_slice(buffer, x[None, :, None, :], (0, 0, i, 0))
+      scores = jnp.einsum('bksd,kd->bks', buffer, x)
+      return buffer, x + scores.sum(-1).reshape(4, 1) * 1e-6
+    return jax.lax.fori_loop(0, 16, step, (buffer, x))
+
+  s = 96
+  hlo = jax.jit(run).lower(jnp.zeros((1, 4, s, 32)), jnp.ones((4, 32))).compile().as_text()
+  assert copies_outside_entry(hlo, {f'f32[4,32,1,{s}]', f'f32[1,4,{s},32]', f'f32[4,32,{s}]'})

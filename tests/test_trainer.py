@@ -473,6 +473,31 @@ def test_decaying_schedules_reach_end_learning_rate_at_decay_steps(name):
   assert values[midpoint] == pytest.approx(expected_mid, rel=1e-3)
 
 
+@pytest.mark.parametrize('name', ['rsqrt', 'constant'])
+def test_cooldown_leaves_the_schedule_unchanged_then_falls_linearly_to_end_lr(name):
+  """cooldown_steps: identical to the plain schedule before decay_steps - cooldown_steps (so a
+  run trained without a cooldown can be resumed with one), then a straight line to
+  end_learning_rate at decay_steps, constant after."""
+  lr, warmup, decay, cooldown = 1e-3, 10, 200, 80
+  plain = optim.make_schedule(optimizer_config(schedule=name, learning_rate=lr,
+                                               warmup_steps=warmup))
+  cooled = optim.make_schedule(optimizer_config(
+      schedule=name, learning_rate=lr, warmup_steps=warmup, decay_steps=decay,
+      cooldown_steps=cooldown, end_learning_rate=0.0))
+  start = decay - cooldown
+  before = np.array([float(cooled(s)) for s in range(start + 1)])
+  np.testing.assert_array_equal(before, [float(plain(s)) for s in range(start + 1)])
+  during = np.array([float(cooled(s)) for s in range(start, decay + 1)])
+  np.testing.assert_allclose(np.diff(during), -float(plain(start)) / cooldown, rtol=1e-4)
+  assert float(cooled(decay)) == 0.0 and float(cooled(decay + 50)) == 0.0
+  with pytest.raises(ConfigError, match=r'cooldown_steps \(195\) must end at decay_steps'):
+    optim.make_schedule(optimizer_config(schedule=name, warmup_steps=warmup, decay_steps=decay,
+                                         cooldown_steps=195))
+  with pytest.raises(ConfigError, match='cooldown_steps applies to rsqrt and constant'):
+    optim.make_schedule(optimizer_config(schedule='cosine', warmup_steps=warmup,
+                                         decay_steps=decay, cooldown_steps=20))
+
+
 def test_optimizer_config_errors_name_the_problem():
   """An unknown schedule name, decay_steps <= warmup_steps and lr <= 0 are ConfigErrors."""
   with pytest.raises(ConfigError, match=r"optimizer.schedule must be one of .*'noam'"):

@@ -236,6 +236,44 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
   raise ValueError(f'unknown attention implementation {implementation!r}')
 
 
+def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.float32):
+  """Attention of one new query per row over a KV cache (a decoding step); returns [B, 1, H, D].
+
+  q [B, 1, H, D]; `keys` [B, K, D, S] and `values` [B, K, S, D] in the cache's own layouts.
+  Equal to `reference_attention` (float32 scores and softmax, masked weights exactly zero), but
+  with one query the two matmuls are matrix-vector products, bound by reading the cache, so they
+  are written as multiply-and-sum over the cache's second-minor axis: XLA fuses each into one
+  vectorised pass over the cache in place. As dots, XLA:CPU copied (transposed) every layer's
+  cache in every step, which cost more than the attention itself at long contexts. (On CPU,
+  jit decode loops with `decoding.decode_compiler_options()`.)
+  """
+  b, t, h, d = q.shape
+  if t != 1:
+    raise ValueError(f'decode_step_attention takes one query per row, got {t}')
+  kv_heads = keys.shape[1]
+  groups = h // kv_heads
+  f32 = jnp.float32
+  q = q.reshape(b, kv_heads, groups, d, 1).astype(f32) / jnp.sqrt(f32(d))
+  scores = jnp.sum(q * keys.astype(f32)[:, :, None], axis=-2)          # [B, K, G, S]
+
+  def grouped(x):  # [B?, H?, 1, S] (H? = 1 or H) -> broadcastable to [B, K, G, S]
+    x = _as_4d(x)
+    if x.shape[1] == 1:
+      return x.reshape(x.shape[0], 1, 1, x.shape[3])
+    return x.reshape(x.shape[0], kv_heads, groups, x.shape[3])
+
+  if bias is not None:
+    scores = scores + grouped(bias).astype(f32)
+  if mask is not None:
+    mask = grouped(mask)
+    scores = jnp.where(mask, scores, jnp.finfo(f32).min)
+  weights = jax.nn.softmax(scores, axis=-1)
+  if mask is not None:
+    weights = jnp.where(mask, weights, 0.0)
+  out = jnp.sum(weights[..., None] * values.astype(f32)[:, :, None], axis=-2)  # [B, K, G, D]
+  return out.astype(dtype).reshape(b, 1, h, d)
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-head attention
 
@@ -282,8 +320,13 @@ class MultiHeadAttention(nn.Module):
       k = apply_rotary(k, positions, cfg.rotary_base)
 
     causal = self.causal and is_self and not cfg.decode
+    cache = None
     if is_self and cfg.decode:
-      k, v, mask = self._update_cache(k, v, mask, positions)
+      cache, mask = self._update_cache(k, v, mask, positions)
+      if cache is not None:  # (None on the allocating call: attend over this call's k, v)
+        # Back to the [B, S, K, D] the attention functions take (XLA folds the transposes into
+        # the matmuls of a multi-token prefill).
+        k, v = jnp.transpose(cache[0], (0, 3, 1, 2)), jnp.swapaxes(cache[1], 1, 2)
     # A relative position bias (T5) is a function of query and key positions.
     bias = None
     if bias_fn is not None:
@@ -293,7 +336,10 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
-    if self.is_mutable_collection('intermediates'):
+    intermediates = self.is_mutable_collection('intermediates')
+    if cache is not None and q.shape[1] == 1 and not intermediates:
+      out = decode_step_attention(q, *cache, mask=mask, bias=bias, dtype=cfg.dtype)
+    elif intermediates:
       if causal:
         mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
       out, weights = reference_attention(
@@ -309,26 +355,30 @@ class MultiHeadAttention(nn.Module):
     return dense((cfg.emb_dim,), ('heads', 'kv', 'embed'), num_in_axes=2, name='out')(out)
 
   def _update_cache(self, k, v, mask, positions):
-    """Writes this call's k/v into the cache; returns all cached k/v and a causal cache mask.
+    """Writes this call's k/v into the cache; returns ((keys, values) or None, mask).
 
-    The cache is stored heads-major, [B, K, S, D]: the layout the score and value matmuls batch
-    over, so a decode step reads it in place. Stored as [B, S, K, D], XLA transposed the whole
-    cache on every step (a copy growing with batch x context).
+    keys are stored [B, K, D, S] and values [B, K, S, D]: the layouts `decode_step_attention`
+    reads in place. The returned mask adds the causal cache mask to `mask`. The first
+    (allocating) call writes nothing and returns None and `mask` unchanged.
     """
     initialised = self.has_variable('cache', 'cached_key')
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, K, D] <-> [B, K, S, D]
-    shape = heads_major(k).shape
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, k.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, v.dtype)
-    if not initialised:  # The allocating call: attend as in a normal forward pass.
-      return k, v, mask
+    batch, length, kv_heads, head_dim = k.shape
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros,
+                               (batch, kv_heads, head_dim, length), k.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros,
+                                 (batch, kv_heads, length, head_dim), v.dtype)
+    if not initialised:
+      return None, mask
     positions = positions if positions.ndim == 1 else positions[0]
     start = positions[0]
-    for cached, new in ((cached_key, k), (cached_value, v)):
-      cached.value = lax.dynamic_update_slice(
-          cached.value, heads_major(new).astype(cached.value.dtype), (0, 0, start, 0))
-    cache_length = cached_key.value.shape[2]
+    # [B, T, K, D] -> keys [B, K, D, T] and values [B, K, T, D], written at slot `start`.
+    cached_key.value = lax.dynamic_update_slice(
+        cached_key.value, jnp.transpose(k, (0, 2, 3, 1)).astype(cached_key.value.dtype),
+        (0, 0, 0, start))
+    cached_value.value = lax.dynamic_update_slice(
+        cached_value.value, jnp.swapaxes(v, 1, 2).astype(cached_value.value.dtype),
+        (0, 0, start, 0))
+    cache_length = cached_key.value.shape[3]
     # Query at position p sees cached keys 0..p; slots beyond are empty (zeros), so hide them.
     cache_mask = (jnp.arange(cache_length)[None, :] <= positions[:, None])[None, None]
-    return (heads_major(cached_key.value), heads_major(cached_value.value),
-            combine_masks(mask, cache_mask))
+    return (cached_key.value, cached_value.value), combine_masks(mask, cache_mask)

@@ -15,6 +15,10 @@ def make_schedule(opt) -> optax.Schedule:
     cosine:   cosine decay to `end_learning_rate` at `decay_steps`
     linear:   linear decay to `end_learning_rate` at `decay_steps` (BERT)
     constant: stays at lr.
+  rsqrt and constant take `cooldown_steps` > 0: the last `cooldown_steps` before `decay_steps`
+  fall linearly from wherever the schedule is to `end_learning_rate` ("warmup-stable-decay").
+  Before the cooldown the schedule is unchanged, so a run trained without one can be resumed
+  with it and ends exactly as if it had been planned from the start.
   """
   lr, warmup = float(opt.learning_rate), int(opt.warmup_steps)
   if opt.schedule not in SCHEDULES:
@@ -22,13 +26,31 @@ def make_schedule(opt) -> optax.Schedule:
   if lr <= 0 or warmup < 0:
     raise ConfigError(f'optimizer: need learning_rate > 0 and warmup_steps >= 0 (got {lr}, {warmup})')
   warmup_fn = lambda step: lr * jnp.minimum(1.0, (step + 1) / max(warmup, 1))
-  if opt.schedule == 'rsqrt':
-    return lambda step: jnp.minimum(warmup_fn(step),
-                                    lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(step + 1, 1)))
-  if opt.schedule == 'constant':
-    return warmup_fn
   end_lr = float(opt.get('end_learning_rate', 0.0))
-  decay_steps = int(opt.decay_steps)
+  decay_steps = int(opt.get('decay_steps', 0))
+  cooldown = int(opt.get('cooldown_steps', 0))
+  if opt.schedule == 'rsqrt':
+    base = lambda step: jnp.minimum(warmup_fn(step),
+                                    lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(step + 1, 1)))
+  elif opt.schedule == 'constant':
+    base = warmup_fn
+  if cooldown < 0:
+    raise ConfigError(f'optimizer.cooldown_steps must be >= 0, got {cooldown}')
+  if opt.schedule in ('rsqrt', 'constant'):
+    if not cooldown:
+      return base
+    start = decay_steps - cooldown
+    if start < warmup:
+      raise ConfigError(f'optimizer.cooldown_steps ({cooldown}) must end at decay_steps '
+                        f'({decay_steps}) and start after warmup_steps ({warmup})')
+    peak = float(base(start))  # where the cooldown starts from
+    def with_cooldown(step):
+      frac = jnp.clip((step - start) / cooldown, 0.0, 1.0)
+      return jnp.where(step < start, base(step), peak + (end_lr - peak) * frac)
+    return with_cooldown
+  if cooldown:
+    raise ConfigError(f'optimizer.cooldown_steps applies to rsqrt and constant; '
+                      f'{opt.schedule} already decays to end_learning_rate at decay_steps')
   if decay_steps <= warmup:
     raise ConfigError(f'optimizer.decay_steps ({decay_steps}) must exceed warmup_steps ({warmup})')
   if opt.schedule == 'cosine':

@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 1_000
   config.optimizer.decay_steps = 10_000
   config.optimizer.end_learning_rate = 0.0
+  config.optimizer.cooldown_steps = 0  # rsqrt/constant: linear fall to end_lr before decay_steps
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.98
   config.optimizer.eps = 1e-9

@@ -46,7 +46,8 @@ class LanguageModelTask:
     self.sample_seed = sample_seed
     self.attention_text = attention_text  # read at every evaluation for the attention pictures
     # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
-    self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'))
+    self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'),
+                               compiler_options=decoding.decode_compiler_options())
 
   # -- training -------------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class TranslationTask:
     if key not in self._predict_fns:
       self._predict_fns[key] = jax.jit(functools.partial(
           self.predict_tokens, max_len=max_len, beam_size=beam_size, alpha=alpha),
-          out_shardings=sharding.replicated(mesh))
+          out_shardings=sharding.replicated(mesh), compiler_options=decoding.decode_compiler_options())
     return self._predict_fns[key]
 
   def translate(self, params, sources: list[str], mesh, *, beam_size: int | None = None,
