@@ -8,6 +8,7 @@ Pre-LN keeps an identity path from input to output, which is why deep stacks tra
 warmup tricks; Post-LN normalises the sum and needs warmup but often ends slightly better.
 """
 
+import functools
 from typing import Callable
 
 import flax.linen as nn
@@ -16,11 +17,11 @@ import jax.numpy as jnp
 
 from transformer_jax.attention import MultiHeadAttention
 from transformer_jax.embedding import Embed
-from transformer_jax.errors import ConfigError
 from transformer_jax.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.normalization import make_norm
-from transformer_jax.position import AbsolutePositionEmbedding, RelativePositionBias
+from transformer_jax.position import (AbsolutePositionEmbedding, RelativePositionBias,
+                                      relative_position_bias)
 
 ACTIVATION_AXES = ('batch', 'length', 'embed')
 
@@ -28,9 +29,10 @@ ACTIVATION_AXES = ('batch', 'length', 'embed')
 class TransformerBlock(nn.Module):
   """Self-attention (+ cross-attention) + feed-forward, each a residual sublayer.
 
-  Arguments may be passed positionally (nn.remat/nn.scan need that): `bias` is a precomputed
-  self-attention bias [1, H, T, T], the alternative to `bias_fn`. With `scan_carry` it returns
-  (x, None), the carry/output pair nn.scan expects.
+  Arguments may be passed positionally (nn.remat/nn.scan need that, and lifted transforms take
+  arrays, not modules): `bias_table` is the stack's relative-position table [buckets, H], the
+  array form of `bias_fn`. With `scan_carry` it returns (x, None), the carry/output pair
+  nn.scan expects.
   """
   cfg: TransformerConfig
   cross_attention: bool = False
@@ -38,11 +40,13 @@ class TransformerBlock(nn.Module):
   causal: bool = False  # self-attention is causal (lets attention skip the hidden blocks)
 
   @nn.compact
-  def __call__(self, x, encoded=None, self_mask=None, cross_mask=None, bias=None,
+  def __call__(self, x, encoded=None, self_mask=None, cross_mask=None, bias_table=None,
                positions=None, deterministic: bool = True, *, bias_fn=None):
     cfg = self.cfg
-    if bias is not None:
-      bias_fn = lambda q_positions, k_positions: bias
+    if bias_table is not None:
+      bias_fn = functools.partial(relative_position_bias, bias_table,
+                                  bidirectional=not self.causal,
+                                  max_distance=cfg.relative_max_distance, dtype=cfg.dtype)
 
     def residual(x, sublayer: Callable, name: str):
       norm = make_norm(cfg, f'{name}_norm')
@@ -78,7 +82,7 @@ class TransformerStack(nn.Module):
     bias_fn = None
     if cfg.position == 'relative':
       # One bias table per stack, shared by its layers (as in T5); attention calls it once it
-      # knows the key positions (in decode mode: the whole cache).
+      # knows the key positions (in decode mode: every slot of the KV cache).
       bias_fn = RelativePositionBias(
           cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
           bidirectional=not self.causal, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -100,30 +104,22 @@ class TransformerStack(nn.Module):
                           deterministic, remat: bool):
     """The layers under nn.remat (per layer) and/or nn.scan (one traced layer, stacked params).
 
-    Lifted transforms take arrays, not modules: a relative bias is computed here once, for the
-    T self-attention keys of a (non-decode) pass, and handed to every layer as an array.
+    Lifted transforms take arrays, not modules: a relative bias goes in as its table.
     """
     cfg = self.cfg
-    bias = None
-    if bias_fn is not None:
-      if cfg.decode:
-        raise ConfigError("scan_layers cannot decode with position='relative' (the bias spans the "
-                          'KV cache); decode with an unrolled model: scan_layout.unstack_layers '
-                          'converts the params')
-      length = x.shape[1]
-      bias = bias_fn(positions if positions is not None else jnp.arange(length),
-                     jnp.arange(length))
+    bias_table = bias_fn.table if bias_fn is not None else None
     block = TransformerBlock
     if remat:
       # deterministic (argument 7, counting the module) must stay a Python bool.
       block = nn.remat(block, policy=getattr(jax.checkpoint_policies, cfg.remat_policy),
                        prevent_cse=not cfg.scan_layers, static_argnums=(7,))
-    args = (encoded, self_mask, cross_mask, bias, positions, deterministic)
+    args = (encoded, self_mask, cross_mask, bias_table, positions, deterministic)
     if not cfg.scan_layers:
       for i in range(self.num_layers):
         x = block(cfg, self.cross_attention, causal=self.causal, name=f'layer_{i}')(x, *args)
       return x
-    scanned = nn.scan(block, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
+    # The KV caches stack layers on axis 1: decoding helpers expect the row axis first.
+    scanned = nn.scan(block, variable_axes={'params': 0, 'cache': 1, 'intermediates': 0},
                       split_rngs={'params': True, 'dropout': True},
                       in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
                       metadata_params={nn.PARTITION_NAME: 'layers'})

@@ -99,8 +99,22 @@ def relative_position_bucket(relative_position: jnp.ndarray, bidirectional: bool
   return bucket + jnp.where(is_small, n, large)
 
 
+def relative_position_bias(table: jnp.ndarray, q_positions: jnp.ndarray,
+                           k_positions: jnp.ndarray, *, bidirectional: bool, max_distance: int,
+                           dtype=jnp.float32) -> jnp.ndarray:
+  """table [buckets, H], q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
+  relative = k_positions[None, :] - q_positions[:, None]
+  buckets = relative_position_bucket(relative, bidirectional, table.shape[0], max_distance)
+  bias = jnp.take(table, buckets, axis=0)         # [Tq, Tk, H]
+  return jnp.transpose(bias, (2, 0, 1))[None].astype(dtype)
+
+
 class RelativePositionBias(nn.Module):
-  """A learned scalar per (bucket of q_pos - k_pos, head), added to the attention logits."""
+  """A learned scalar per (bucket of q_pos - k_pos, head), added to the attention logits.
+
+  `table` [buckets, H] is public so that lifted transforms (nn.scan, nn.remat), which take
+  arrays rather than modules, can be handed the table and apply `relative_position_bias`.
+  """
   num_heads: int
   num_buckets: int = 32
   max_distance: int = 128
@@ -108,14 +122,13 @@ class RelativePositionBias(nn.Module):
   dtype: object = jnp.float32
   param_dtype: object = jnp.float32
 
-  @nn.compact
-  def __call__(self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> jnp.ndarray:
-    """q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
-    table = self.param('rel_embedding', nn.with_logical_partitioning(
+  def setup(self):
+    self.table = self.param('rel_embedding', nn.with_logical_partitioning(
         nn.initializers.normal(stddev=0.1), ('relpos_buckets', 'heads')),
         (self.num_buckets, self.num_heads), self.param_dtype)
-    relative = k_positions[None, :] - q_positions[:, None]
-    buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets,
-                                       self.max_distance)
-    bias = jnp.take(table, buckets, axis=0)         # [Tq, Tk, H]
-    return jnp.transpose(bias, (2, 0, 1))[None].astype(self.dtype)
+
+  def __call__(self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> jnp.ndarray:
+    """q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
+    return relative_position_bias(self.table, q_positions, k_positions,
+                                  bidirectional=self.bidirectional,
+                                  max_distance=self.max_distance, dtype=self.dtype)

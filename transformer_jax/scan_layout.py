@@ -33,7 +33,10 @@ def stack_layers(params):
 
 
 def unstack_layers(params):
-  """scan_layers params -> unrolled params ('layers' split into 'layer_0', 'layer_1', ...)."""
+  """scan_layers params -> unrolled params ('layers' split into 'layer_0', 'layer_1', ...).
+
+  Unrolled params come back as they are, so decoding code can call it on either layout.
+  """
   if not isinstance(params, dict):
     return params
   out = {k: unstack_layers(v) for k, v in params.items() if k != 'layers'}
@@ -42,3 +45,4 @@ def unstack_layers(params):
     for i in range(num_layers):
       out[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], params['layers'])
   return out
+

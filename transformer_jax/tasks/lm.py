@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax import decoding
+from transformer_jax import decoding, scan_layout
 from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.errors import ConfigError
@@ -37,8 +37,9 @@ class LanguageModelTask:
                sample_seed: int = 0, attention_text: str = ATTENTION_TEXT):
     self.cfg = cfg
     self.model = GPT(cfg)
-    # Dropout is off when generating; decode mode keeps the KV cache.
-    self.decode_model = GPT(cfg.replace(decode=True, dropout_rate=0.0,
+    # Dropout is off when generating; decode mode keeps the KV cache. Layers run unrolled
+    # (scanned params are converted): a scanned stack would copy its KV caches every step.
+    self.decode_model = GPT(cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0,
                                         attention_dropout_rate=0.0))
     self.tokenizer, self.eos_id = tokenizer, eos_id
     self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
@@ -76,6 +77,8 @@ class LanguageModelTask:
     batch, length = context.shape
     cache_len = length + num_new - 1
     cache = empty_cache(self.decode_model, jnp.zeros((batch, cache_len), jnp.int32))
+    if not self.decode_model.cfg.scan_layers:
+      params = scan_layout.unstack_layers(params)
 
     def run(tokens, cache):
       logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,

@@ -13,7 +13,7 @@ import numpy as np
 import sacrebleu
 from absl import logging
 
-from transformer_jax import decoding, sharding
+from transformer_jax import decoding, scan_layout, sharding
 from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.losses import cross_entropy_sums
@@ -30,8 +30,10 @@ class TranslationTask:
                num_samples: int = 3):
     self.cfg = cfg
     self.model = EncoderDecoder(cfg)
-    self.decode_model = EncoderDecoder(cfg.replace(decode=True, dropout_rate=0.0,
-                                                   attention_dropout_rate=0.0))
+    # Decoding runs the layers unrolled (scan_layout.unstack_layers converts scanned params):
+    # a scanned stack would copy every layer's KV cache on every step.
+    self.decode_model = EncoderDecoder(cfg.replace(decode=True, scan_layers=False,
+                                                   dropout_rate=0.0, attention_dropout_rate=0.0))
     self.label_smoothing = label_smoothing
     self.beam_size, self.alpha, self.decode_rows = beam_size, alpha, decode_rows
     self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
@@ -62,12 +64,13 @@ class TranslationTask:
     batch_size = inputs.shape[0]
     encoded = self.model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
     cache = empty_cache(self.decode_model, inputs, jnp.zeros((batch_size, max_len), jnp.int32))
+    decode_params = params if self.decode_model.cfg.scan_layers else scan_layout.unstack_layers(params)
     encoded_b = decoding.expand_to_beams(encoded, beam_size)
     inputs_b = decoding.expand_to_beams(inputs, beam_size)
 
     def tokens_to_logits(tokens, cache):
       logits, updated = self.decode_model.apply(
-          {'params': params, 'cache': cache}, encoded_b, inputs_b, tokens,
+          {'params': decode_params, 'cache': cache}, encoded_b, inputs_b, tokens,
           method=EncoderDecoder.decode, mutable=['cache'])
       return logits[:, -1, :], updated['cache']
 
