@@ -399,6 +399,22 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   assert np.all(np.abs(np.asarray(cache['cached_value'])).sum(axis=(1, 3)) > 0)
 
 
+@pytest.mark.parametrize('length, stop', [(64, 1), (13, 1), (1, 1), (1000, 16), (37, 16), (5, 16)])
+def test_halving_dot_equals_sum_of_products(length, stop):
+  """Halving (odd lengths carry their last row) leaves at most `stop` rows whose total is
+  sum(a * b) over the axis; other axes broadcast, and b may lack one (`b_new_axis`)."""
+  a = jax.random.normal(jax.random.key(length), (2, 3, length, 1))
+  b = jax.random.normal(jax.random.key(length + 1), (2, length, 4))
+  expected = (a * b[:, None]).sum(2)
+  for b_view, new_axis in [(b[:, None], None), (b, 1)]:
+    halved = attention.halving_dot(a, b_view, axis=2, stop=stop, b_new_axis=new_axis)
+    rows = halved.shape[2]
+    assert rows == length if length <= stop else stop // 2 < rows <= stop
+    np.testing.assert_allclose(halved.sum(2), expected, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='lengths'):
+    attention.halving_dot(a, jnp.ones((2, length + 1, 4)), axis=2, b_new_axis=1)
+
+
 @pytest.mark.parametrize('kv_heads', [H, 2, 1], ids=['mha', 'gqa', 'mqa'])
 def test_decode_step_attention_matches_the_formula_with_mask_and_bias(kv_heads):
   """One query per row over cache-layout keys [B, K, D, S] and values [B, K, S, D]: equal to the

@@ -140,7 +140,8 @@ def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
   return found
 
 
-def test_cached_decode_loop_never_copies_the_cache():
+@pytest.mark.parametrize('num_kv_heads', [None, 2], ids=['mha', 'gqa'])
+def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
   """A greedy decode loop of a small GPT, jitted as the library jits it: no step copies or
   transposes a layer's cache (that copy made a token at context 1024 cost 6x one at 64)."""
   from transformer_jax import decoding
@@ -148,7 +149,8 @@ def test_cached_decode_loop_never_copies_the_cache():
   from transformer_jax.models.gpt import GPT
 
   cfg = gpt2_config(vocab_size=65, emb_dim=64, num_heads=4, mlp_dim=256, num_decoder_layers=2,
-                    max_len=72, dropout_rate=0.0, attention_dropout_rate=0.0)
+                    max_len=72, dropout_rate=0.0, attention_dropout_rate=0.0,
+                    num_kv_heads=num_kv_heads)
   decoder = GPT(cfg.replace(decode=True))
   params = nn.meta.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))['params']
   prompt = jnp.ones((2, 8), jnp.int32)
@@ -168,9 +170,12 @@ def test_cached_decode_loop_never_copies_the_cache():
       params, prompt).compile().as_text()
   assert ' while(' in hlo
   d = cfg.emb_dim // cfg.num_heads
-  cache_shapes = {f'f32[2,{cfg.num_heads},{d},{cfg.max_len}]',   # keys [B, K, D, S]
-                  f'f32[2,{cfg.num_heads},{cfg.max_len},{d}]',   # values [B, K, S, D]
-                  f'f32[2,{cfg.num_heads},{cfg.max_len},1]'}     # (a transposed view)
+  k = cfg.kv_heads
+  cache_shapes = {f'f32[2,{k},{d},{cfg.max_len}]',     # keys [B, K, D, S]
+                  f'f32[2,{k},{cfg.max_len},{d}]',     # values [B, K, S, D]
+                  f'f32[2,{k},{cfg.max_len},1]',       # (a transposed view)
+                  f'f32[2,{k},1,{d},{cfg.max_len}]',   # (keys with a group axis)
+                  f'f32[2,{k},1,{cfg.max_len},{d}]'}   # (values with a group axis)
   assert copies_outside_entry(hlo, cache_shapes) == []
   # ...and its reductions are XLA's own loops, not YNNPACK calls (~15 us of overhead each).
   assert '__ynn_fusion' not in hlo

@@ -236,16 +236,63 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
   raise ValueError(f'unknown attention implementation {implementation!r}')
 
 
+def halving_sum(x: jnp.ndarray, axis: int, stop: int = 1) -> jnp.ndarray:
+  """Sums `axis` down to at most `stop` entries by adding its two halves, repeatedly (an odd
+  length carries its last entry along). Only slices and elementwise adds, which XLA fuses."""
+  axis = axis % x.ndim
+  while x.shape[axis] > stop:
+    n = x.shape[axis]
+    half = n // 2
+    summed = (lax.slice_in_dim(x, 0, half, axis=axis)
+              + lax.slice_in_dim(x, half, 2 * half, axis=axis))
+    if n % 2:
+      summed = jnp.concatenate([summed, lax.slice_in_dim(x, n - 1, n, axis=axis)], axis=axis)
+    x = summed
+  return x
+
+
+def halving_dot(a: jnp.ndarray, b: jnp.ndarray, axis: int, stop: int = 1,
+                b_new_axis: int | None = None) -> jnp.ndarray:
+  """sum(a * b) over `axis`, left with at most `stop` entries there (a and b have it at the same
+  length; other axes broadcast). The first halving multiplies the halves' slices, then
+  `halving_sum` adds. `b_new_axis`: b lacks that axis of the result (size 1 after broadcasting)
+  and gets it after slicing.
+
+  Why not `jnp.sum(a * b, axis)`: for a reduction over a non-minor axis XLA:CPU writes the whole
+  product out, then reduces it in windows of 32, so a KV cache is read about three times. Here
+  XLA fuses the products into the first additions and every pass is elementwise, vectorised
+  along the contiguous minor axis: the cache is read once, in place. (Reshaping a cache that
+  was just updated, instead of its slices, made XLA copy it to redo the update.)
+  """
+  axis = axis % a.ndim
+  n = a.shape[axis]
+  expand = (lambda x: x) if b_new_axis is None else (lambda x: jnp.expand_dims(x, b_new_axis))
+  b_axis = axis if b_new_axis is None or b_new_axis % a.ndim > axis else axis - 1
+  if b.shape[b_axis] != n:
+    raise ValueError(f'halving_dot: the summed axis has lengths {n} and {b.shape[b_axis]}')
+  if n <= stop:
+    return a * expand(b)
+
+  a_part = lambda start, end: lax.slice_in_dim(a, start, end, axis=axis)
+  b_part = lambda start, end: expand(lax.slice_in_dim(b, start, end, axis=b_axis))
+  half = n // 2
+  summed = a_part(0, half) * b_part(0, half) + a_part(half, 2 * half) * b_part(half, 2 * half)
+  if n % 2:
+    summed = jnp.concatenate([summed, a_part(n - 1, n) * b_part(n - 1, n)], axis=axis)
+  return halving_sum(summed, axis, stop)
+
+
 def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.float32):
   """Attention of one new query per row over a KV cache (a decoding step); returns [B, 1, H, D].
 
   q [B, 1, H, D]; `keys` [B, K, D, S] and `values` [B, K, S, D] in the cache's own layouts.
   Equal to `reference_attention` (float32 scores and softmax, masked weights exactly zero), but
   with one query the two matmuls are matrix-vector products, bound by reading the cache, so they
-  are written as multiply-and-sum over the cache's second-minor axis: XLA fuses each into one
-  vectorised pass over the cache in place. As dots, XLA:CPU copied (transposed) every layer's
-  cache in every step, which cost more than the attention itself at long contexts. (On CPU,
-  jit decode loops with `decoding.decode_compiler_options()`.)
+  are written as multiply-and-sum over the cache's second-minor axis (`halving_dot`): XLA fuses
+  each into vectorised passes over the cache in place. As dots, XLA:CPU copied (transposed)
+  every layer's cache in every step, which cost more than the attention itself at long
+  contexts; as `jnp.sum(a * b)` it wrote out the product first. (On CPU, jit decode loops with
+  `decoding.decode_compiler_options()`.)
   """
   b, t, h, d = q.shape
   if t != 1:
@@ -254,7 +301,7 @@ def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.fl
   groups = h // kv_heads
   f32 = jnp.float32
   q = q.reshape(b, kv_heads, groups, d, 1).astype(f32) / jnp.sqrt(f32(d))
-  scores = jnp.sum(q * keys.astype(f32)[:, :, None], axis=-2)          # [B, K, G, S]
+  scores = halving_dot(q, keys.astype(f32), axis=3, b_new_axis=2)[..., 0, :]  # [B, K, G, S]
 
   def grouped(x):  # [B?, H?, 1, S] (H? = 1 or H) -> broadcastable to [B, K, G, S]
     x = _as_4d(x)
@@ -270,7 +317,9 @@ def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.fl
   weights = jax.nn.softmax(scores, axis=-1)
   if mask is not None:
     weights = jnp.where(mask, weights, 0.0)
-  out = jnp.sum(weights[..., None] * values.astype(f32)[:, :, None], axis=-2)  # [B, K, G, D]
+  # Halve the S axis down to 16 rows, then a plain sum of those few.
+  out = jnp.sum(halving_dot(weights[..., None], values.astype(f32), axis=3, stop=16,
+                            b_new_axis=2), axis=3)                             # [B, K, G, D]
   return out.astype(dtype).reshape(b, 1, h, d)
 
 
