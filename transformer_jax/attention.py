@@ -6,7 +6,7 @@ to [B, H, T, S], True where a query may attend to a key.
 """
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -236,18 +236,21 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
   raise ValueError(f'unknown attention implementation {implementation!r}')
 
 
+def _add_halves(part: Callable[[int, int], jnp.ndarray], n: int, axis: int) -> jnp.ndarray:
+  """part(0, n//2) + part(n//2, 2*(n//2)), with an odd length's last entry carried along."""
+  half = n // 2
+  summed = part(0, half) + part(half, 2 * half)
+  if n % 2:
+    summed = jnp.concatenate([summed, part(n - 1, n)], axis=axis)
+  return summed
+
+
 def halving_sum(x: jnp.ndarray, axis: int, stop: int = 1) -> jnp.ndarray:
-  """Sums `axis` down to at most `stop` entries by adding its two halves, repeatedly (an odd
-  length carries its last entry along). Only slices and elementwise adds, which XLA fuses."""
+  """Sums `axis` down to at most `stop` entries by adding its two halves, repeatedly. Only
+  slices and elementwise adds, which XLA fuses."""
   axis = axis % x.ndim
   while x.shape[axis] > stop:
-    n = x.shape[axis]
-    half = n // 2
-    summed = (lax.slice_in_dim(x, 0, half, axis=axis)
-              + lax.slice_in_dim(x, half, 2 * half, axis=axis))
-    if n % 2:
-      summed = jnp.concatenate([summed, lax.slice_in_dim(x, n - 1, n, axis=axis)], axis=axis)
-    x = summed
+    x = _add_halves(functools.partial(lax.slice_in_dim, x, axis=axis), x.shape[axis], axis)
   return x
 
 
@@ -273,13 +276,10 @@ def halving_dot(a: jnp.ndarray, b: jnp.ndarray, axis: int, stop: int = 1,
   if n <= stop:
     return a * expand(b)
 
-  a_part = lambda start, end: lax.slice_in_dim(a, start, end, axis=axis)
-  b_part = lambda start, end: expand(lax.slice_in_dim(b, start, end, axis=b_axis))
-  half = n // 2
-  summed = a_part(0, half) * b_part(0, half) + a_part(half, 2 * half) * b_part(half, 2 * half)
-  if n % 2:
-    summed = jnp.concatenate([summed, a_part(n - 1, n) * b_part(n - 1, n)], axis=axis)
-  return halving_sum(summed, axis, stop)
+  def product(start, end):
+    return (lax.slice_in_dim(a, start, end, axis=axis)
+            * expand(lax.slice_in_dim(b, start, end, axis=b_axis)))
+  return halving_sum(_add_halves(product, n, axis), axis, stop)
 
 
 def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.float32):

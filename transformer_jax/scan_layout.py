@@ -22,7 +22,10 @@ def _layer_keys(tree: dict) -> list[str]:
 
 
 def stack_layers(params):
-  """Unrolled params -> scan_layers params (leaves of 'layer_i' stacked under 'layers')."""
+  """Unrolled params -> scan_layers params (leaves of 'layer_i' stacked under 'layers').
+
+  Stacked params come back as they are.
+  """
   if not isinstance(params, dict):
     return params
   keys = _layer_keys(params)
@@ -35,7 +38,7 @@ def stack_layers(params):
 def unstack_layers(params):
   """scan_layers params -> unrolled params ('layers' split into 'layer_0', 'layer_1', ...).
 
-  Unrolled params come back as they are, so decoding code can call it on either layout.
+  Unrolled params come back as they are.
   """
   if not isinstance(params, dict):
     return params
@@ -46,3 +49,7 @@ def unstack_layers(params):
       out[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], params['layers'])
   return out
 
+
+def for_layout(params, scan_layers: bool):
+  """`params` (either layout) in the layout a model with `scan_layers` declares."""
+  return stack_layers(params) if scan_layers else unstack_layers(params)

@@ -77,8 +77,7 @@ class LanguageModelTask:
     batch, length = context.shape
     cache_len = length + num_new - 1
     cache = empty_cache(self.decode_model, jnp.zeros((batch, cache_len), jnp.int32))
-    if not self.decode_model.cfg.scan_layers:
-      params = scan_layout.unstack_layers(params)
+    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
 
     def run(tokens, cache):
       logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,

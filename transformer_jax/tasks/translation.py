@@ -64,7 +64,7 @@ class TranslationTask:
     batch_size = inputs.shape[0]
     encoded = self.model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
     cache = empty_cache(self.decode_model, inputs, jnp.zeros((batch_size, max_len), jnp.int32))
-    decode_params = params if self.decode_model.cfg.scan_layers else scan_layout.unstack_layers(params)
+    decode_params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
     encoded_b = decoding.expand_to_beams(encoded, beam_size)
     inputs_b = decoding.expand_to_beams(inputs, beam_size)
 
