@@ -1,7 +1,22 @@
 """Token-level cross-entropy with label smoothing, as sums so batches and hosts add up exactly."""
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def _is_top(scores, target_score):
+  """1.0 where the target's score is the row's maximum (its prediction is right), else 0.0.
+
+  Compared against the max rather than via argmax: XLA:CPU runs argmax's (value, index)
+  reduction element by element, the slowest op of a large-vocabulary loss. A tie at the top
+  counts as right (argmax would pick the lower index); with float scores ties are rare.
+  """
+  return (target_score >= jnp.max(scores, axis=-1)).astype(jnp.float32)
 
 
 def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
@@ -23,6 +38,125 @@ def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
     smooth = confidence * nll - low * (jnp.sum(log_probs, axis=-1) + nll) - normalizer
   else:
     smooth = nll
-  correct = (jnp.argmax(log_probs, axis=-1) == targets).astype(jnp.float32)
+  correct = _is_top(log_probs, -nll)
   return (jnp.sum(smooth * weights), jnp.sum(nll * weights), jnp.sum(correct * weights),
           jnp.sum(weights))
+
+
+# ---------------------------------------------------------------------------------------------
+# The same sums straight from the features: logits = features @ embedding^T, never stored whole.
+#
+# The logits of a large vocabulary dominate a small model's step on CPU: [B*T, V] floats (131 MB
+# for the Multi30k model's 4,096 tokens x 8,000 words) do not fit in any cache, so the softmax,
+# the loss and their gradients each stream them through DRAM several times. Here they are made a
+# slice of time steps at a time (a few MB, cache-resident), and the gradient is prepared in the
+# same pass: for one row, d(loss)/d(logits) = w * (a * p - b * onehot(target) - c), with p the
+# softmax and a, b, c scalars fixed by the output cotangents (below). So the forward pass keeps
+# only (w p) @ E and x^T (w p), two matmuls it would have run in the backward pass anyway, and
+# the backward pass is a handful of cheap [B, T, D] and [V, D] operations.
+
+_CHUNK_BYTES = 8 << 20  # logits per slice: about a quarter of a 32 MB L3 cache
+
+
+def _smoothing_constants(label_smoothing: float, vocab: int):
+  """(confidence, low, normalizer) of `cross_entropy_sums`; (1, 0, 0) without smoothing."""
+  if label_smoothing <= 0.0:
+    return 1.0, 0.0, 0.0
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+  return confidence, low, normalizer
+
+
+def _slice_length(batch: int, length: int, vocab: int) -> int:
+  """The largest divisor of `length` whose [batch, slice, vocab] float32 logits fit the budget."""
+  fitting = max(1, _CHUNK_BYTES // max(1, 4 * batch * vocab))
+  return max(c for c in range(1, length + 1) if length % c == 0 and c <= fitting)
+
+
+def projected_cross_entropy_sums(features, embedding, targets, weights,
+                                 label_smoothing: float = 0.0):
+  """`cross_entropy_sums(features @ embedding.T, targets, weights, label_smoothing)`, computed
+  a few time steps at a time so the [B, T, V] logits never exist whole (see above).
+
+  features [B, T, D] (any float dtype; logits and softmax are float32), embedding [V, D] (a
+  tied embedding table, or an output kernel transposed). Equal to the unfused computation up to
+  float rounding, value and gradient (tests/test_losses.py).
+  """
+  batch, length, _ = features.shape
+  steps = _slice_length(batch, length, embedding.shape[0])
+  return _projected_sums(float(label_smoothing), steps, features, embedding, targets,
+                         weights.astype(jnp.float32))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _projected_sums(label_smoothing, steps, features, embedding, targets, weights):
+  return _projected_forward(label_smoothing, steps, features, embedding, targets, weights)[0]
+
+
+def _projected_forward(label_smoothing, steps, features, embedding, targets, weights):
+  """((smooth, nll, correct, weight) sums, residuals for the gradient)."""
+  batch, length, dim = features.shape
+  vocab = embedding.shape[0]
+  count = length // steps
+  confidence, low, normalizer = _smoothing_constants(label_smoothing, vocab)
+  # [count, batch, steps, ...]: time slices, the batch axis (the data-parallel one) kept whole.
+  by_slice = lambda a: jnp.swapaxes(a.reshape((batch, count, steps) + a.shape[2:]), 0, 1)
+
+  def one_slice(carry, xs):
+    x, target, w = xs
+    x, target, w = x.reshape(-1, dim), target.reshape(-1), w.reshape(-1)
+    logits = jnp.dot(x, embedding.T.astype(x.dtype), preferred_element_type=jnp.float32)
+    top = jnp.max(logits, axis=-1)
+    lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+    target_logit = jnp.take_along_axis(logits, target[:, None], axis=-1)[:, 0]
+    nll = lse - target_logit
+    sum_log_probs = jnp.sum(logits, axis=-1) - vocab * lse
+    smooth = (confidence - low) * nll - low * sum_log_probs - normalizer
+    correct = (target_logit >= top).astype(jnp.float32)  # as `_is_top`
+    weighted_probs = (w[:, None] * jnp.exp(logits - lse[:, None])).astype(x.dtype)
+    probs_embedding = jnp.dot(weighted_probs, embedding.astype(x.dtype),
+                              preferred_element_type=jnp.float32)
+    # x^T made explicitly: XLA:CPU runs a dot contracting both operands' major axis slowly.
+    features_probs = carry[0] + jnp.dot(lax.optimization_barrier(x.T), weighted_probs,
+                                        preferred_element_type=jnp.float32)
+    sums = carry[1] + jnp.stack([jnp.sum(w * smooth), jnp.sum(w * nll), jnp.sum(w * correct)])
+    return (features_probs, sums), probs_embedding
+
+  init = (jnp.zeros((dim, vocab), jnp.float32), jnp.zeros((3,), jnp.float32))
+  (features_probs, sums), probs_embedding = lax.scan(
+      one_slice, init, (by_slice(features), by_slice(targets), by_slice(weights)))
+  probs_embedding = jnp.swapaxes(probs_embedding.reshape(count, batch, steps, dim), 0, 1)
+  out = (sums[0], sums[1], sums[2], jnp.sum(weights))
+  return out, (features, embedding, targets, weights, probs_embedding.reshape(batch, length, dim),
+               features_probs.T)
+
+
+def _projected_fwd(label_smoothing, steps, features, embedding, targets, weights):
+  return _projected_forward(label_smoothing, steps, features, embedding, targets, weights)
+
+
+def _projected_bwd(label_smoothing, steps, residuals, cotangents):
+  del steps
+  features, embedding, targets, weights, probs_embedding, probs_features = residuals
+  g_smooth, g_nll = cotangents[0], cotangents[1]  # correct and weight counts have no gradient
+  vocab, dim = embedding.shape
+  confidence, low, _ = _smoothing_constants(label_smoothing, vocab)
+  # d(w * (g_smooth * smooth + g_nll * nll)) / d(logits) = w * (a p - b onehot - c).
+  a = g_smooth * (confidence - low + low * vocab) + g_nll
+  b = g_smooth * (confidence - low) + g_nll
+  c = g_smooth * low
+  w = weights[..., None]
+  weighted_features = (w * features.astype(jnp.float32)).reshape(-1, dim)
+  embedding32 = embedding.astype(jnp.float32)
+  d_features = (a * probs_embedding - b * w * jnp.take(embedding32, targets, axis=0)
+                - c * w * jnp.sum(embedding32, axis=0))
+  d_embedding = (a * probs_features
+                 - b * jnp.zeros((vocab, dim), jnp.float32).at[targets.reshape(-1)].add(
+                     weighted_features)
+                 - c * jnp.sum(weighted_features, axis=0))
+  return (d_features.astype(features.dtype), d_embedding.astype(embedding.dtype),
+          np.zeros(targets.shape, jax.dtypes.float0), jnp.zeros_like(weights))
+
+
+_projected_sums.defvjp(_projected_fwd, _projected_bwd)

@@ -57,8 +57,13 @@ class EncoderDecoder(nn.Module):
     x = self.encoder_input(inputs, jnp.arange(inputs.shape[1]), deterministic=deterministic)
     return self.encoder(x, self_mask=make_padding_mask(valid, valid), deterministic=deterministic)
 
-  def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
+  def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True,
+             features_only: bool = False):
     """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source.
+
+    With `features_only`, (final decoder features [B, T, D], `output_embedding()`) instead: the
+    training loss projects them onto the vocabulary itself, a slice at a time
+    (`losses.projected_cross_entropy_sums`).
 
     Training passes the whole shifted target; decode mode passes one token a call. Only the
     causal mask is needed on the decoder side: targets are right-padded, so a real query
@@ -70,11 +75,21 @@ class EncoderDecoder(nn.Module):
     y = self.decoder_input(decoder_tokens, positions, deterministic=deterministic)
     y = self.decoder(y, encoded, self_mask=self_mask, cross_mask=cross_mask, positions=positions,
                      deterministic=deterministic)
+    if features_only:
+      return y, self.output_embedding()
     logits = self.target_embed.attend(y) if self.cfg.tie_output else self.logits_dense(y)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits.astype(jnp.float32)
 
-  def __call__(self, inputs, targets, *, deterministic: bool = True):
-    """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]."""
+  def output_embedding(self) -> jnp.ndarray:
+    """The [V, D] matrix the logits score features against (tied table or output kernel)."""
+    if self.cfg.tie_output:
+      return self.target_embed.embedding
+    return nn.meta.unbox(self.logits_dense.variables['params']['kernel']).T
+
+  def __call__(self, inputs, targets, *, deterministic: bool = True, features_only: bool = False):
+    """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]
+    (`features_only`: see `decode`)."""
     encoded = self.encode(inputs, deterministic=deterministic)
-    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic)
+    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic,
+                       features_only=features_only)

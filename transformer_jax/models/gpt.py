@@ -60,12 +60,22 @@ class GPT(nn.Module):
       self.lm_head = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
                                   dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def __call__(self, tokens, *, deterministic: bool = True):
+  def __call__(self, tokens, *, deterministic: bool = True, features_only: bool = False):
+    """Logits [B, T, V]; with `features_only`, (final features [B, T, D], `output_embedding()`)
+    for a loss that projects them itself (`losses.projected_cross_entropy_sums`)."""
     positions = self.positions(tokens.shape[1])
     # In decode mode the attention's cache mask provides causality (over the whole cache).
     mask = None if self.cfg.decode else make_causal_mask(tokens.shape[1])
     x = self.input_embedding(tokens, positions, deterministic=deterministic)
     x = self.stack(x, self_mask=mask, positions=positions, deterministic=deterministic)
+    if features_only:
+      return x, self.output_embedding()
     logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits.astype(jnp.float32)
+
+  def output_embedding(self) -> jnp.ndarray:
+    """The [V, D] matrix the logits score features against (tied table or output kernel)."""
+    if self.cfg.tie_output:
+      return self.embed.embedding
+    return nn.meta.unbox(self.lm_head.variables['params']['kernel']).T

@@ -20,7 +20,7 @@ from transformer_jax import decoding, scan_layout
 from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.errors import ConfigError
-from transformer_jax.losses import cross_entropy_sums
+from transformer_jax.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
 
@@ -59,10 +59,12 @@ class LanguageModelTask:
   def loss_fn(self, params, batch, rng, deterministic: bool):
     """Mean next-token cross-entropy over every position (windows have no padding)."""
     rngs = None if deterministic else {'dropout': rng}
-    logits = self.model.apply({'params': params}, batch['inputs'], deterministic=deterministic,
-                              rngs=rngs)
+    features, embedding = self.model.apply({'params': params}, batch['inputs'],
+                                           deterministic=deterministic, rngs=rngs,
+                                           features_only=True)
     weights = jnp.ones(batch['targets'].shape, jnp.float32)
-    _, nll_sum, correct, weight = cross_entropy_sums(logits, batch['targets'], weights)
+    _, nll_sum, correct, weight = projected_cross_entropy_sums(features, embedding,
+                                                               batch['targets'], weights)
     return nll_sum / weight, {'loss': nll_sum, 'correct': correct, 'weight': weight}
 
   def count_tokens(self, batch) -> int:

@@ -16,7 +16,7 @@ from absl import logging
 from transformer_jax import decoding, scan_layout, sharding
 from transformer_jax.blocks import empty_cache
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.losses import cross_entropy_sums
+from transformer_jax.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models import EncoderDecoder
 
@@ -49,11 +49,13 @@ class TranslationTask:
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
     rngs = None if deterministic else {'dropout': rng}
-    logits = self.model.apply({'params': params}, batch['inputs'], batch['targets'],
-                              deterministic=deterministic, rngs=rngs)
+    features, embedding = self.model.apply({'params': params}, batch['inputs'], batch['targets'],
+                                           deterministic=deterministic, rngs=rngs,
+                                           features_only=True)
     weights = batch['targets'] != PAD_ID
-    smooth_sum, nll_sum, correct, weight = cross_entropy_sums(
-        logits, batch['targets'], weights, 0.0 if deterministic else self.label_smoothing)
+    smooth_sum, nll_sum, correct, weight = projected_cross_entropy_sums(
+        features, embedding, batch['targets'], weights,
+        0.0 if deterministic else self.label_smoothing)
     loss = smooth_sum / jnp.maximum(weight, 1.0)
     return loss, {'loss': nll_sum, 'correct': correct, 'weight': weight}
 

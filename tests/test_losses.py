@@ -1,0 +1,102 @@
+"""The token losses: the fused projected cross-entropy equals logits + `cross_entropy_sums`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import losses
+from transformer_jax.models.encoder_decoder import EncoderDecoder
+from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
+from transformer_jax.model_config import TransformerConfig
+
+B, T, D, V = 3, 8, 16, 50
+
+
+def data(seed=0):
+  k = jax.random.split(jax.random.key(seed), 4)
+  features = jax.random.normal(k[0], (B, T, D))
+  embedding = 0.3 * jax.random.normal(k[1], (V, D))
+  targets = jax.random.randint(k[2], (B, T), 0, V)
+  weights = (jax.random.uniform(k[3], (B, T)) > 0.3).astype(jnp.float32)  # some rows unscored
+  return features, embedding, targets, weights
+
+
+def unfused(features, embedding, targets, weights, label_smoothing):
+  logits = (features.reshape(-1, D) @ embedding.T).reshape(B, T, V)
+  return losses.cross_entropy_sums(logits, targets, weights, label_smoothing)
+
+
+@pytest.fixture
+def two_step_slices(monkeypatch):
+  """A logits budget of 3 time steps: T = 8 is scanned as four slices of 2."""
+  monkeypatch.setattr(losses, '_CHUNK_BYTES', 4 * B * V * 3)
+  assert losses._slice_length(B, T, V) == 2
+
+
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, label_smoothing):
+  features, embedding, targets, weights = data()
+  fused = lambda f, e: losses.projected_cross_entropy_sums(f, e, targets, weights,
+                                                           label_smoothing)
+  plain = lambda f, e: unfused(f, e, targets, weights, label_smoothing)
+  np.testing.assert_allclose(jax.jit(fused)(features, embedding),
+                             plain(features, embedding), rtol=1e-5)
+  # Both differentiable outputs at once (smoothed loss and NLL, with different cotangents).
+  mix = lambda fn: lambda f, e: 0.7 * fn(f, e)[0] - 1.3 * fn(f, e)[1]
+  got = jax.jit(jax.grad(mix(fused), argnums=(0, 1)))(features, embedding)
+  want = jax.grad(mix(plain), argnums=(0, 1))(features, embedding)
+  for g, w in zip(got, want):
+    assert float(jnp.max(jnp.abs(w))) > 0.1  # a real gradient, not zeros on both sides
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_projected_loss_has_no_gradient_on_unscored_rows(two_step_slices):
+  features, embedding, targets, weights = data(1)
+  grad = jax.grad(lambda f: losses.projected_cross_entropy_sums(
+      f, embedding, targets, weights)[0])(features)
+  assert np.all(np.asarray(grad)[np.asarray(weights) == 0] == 0)
+  assert np.all(np.abs(np.asarray(grad)[np.asarray(weights) == 1]).sum(-1) > 0)
+
+
+def test_correct_counts_equal_argmax_hits():
+  features, embedding, targets, weights = data(2)
+  logits = (features.reshape(-1, D) @ embedding.T).reshape(B, T, V)
+  targets = jnp.where(jnp.arange(T) % 2 == 0, jnp.argmax(logits, -1), targets)  # half are hits
+  want = float(jnp.sum((jnp.argmax(logits, -1) == targets) * weights))
+  assert want > 0
+  assert float(losses.cross_entropy_sums(logits, targets, weights)[2]) == want
+  assert float(losses.projected_cross_entropy_sums(features, embedding, targets,
+                                                   weights)[2]) == want
+
+
+def test_slice_length_is_the_largest_divisor_within_budget(monkeypatch):
+  monkeypatch.setattr(losses, '_CHUNK_BYTES', 4 * 2 * 10 * 6)  # 6 steps of [2, ., 10] logits
+  assert losses._slice_length(2, 12, 10) == 6
+  assert losses._slice_length(2, 10, 10) == 5
+  assert losses._slice_length(2, 7, 10) == 1  # a prime length runs one step at a time
+  assert losses._slice_length(2, 4, 10) == 4  # fits whole
+
+
+@pytest.mark.parametrize('make_cfg', [gpt2_config, llama_config])  # tied and untied output
+def test_gpt_features_project_to_its_logits(make_cfg):
+  cfg = make_cfg(vocab_size=V, emb_dim=32, num_heads=4, num_kv_heads=2, mlp_dim=48,
+                 num_decoder_layers=2, max_len=16)
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)
+  variables = GPT(cfg).init(jax.random.key(0), tokens)
+  logits = GPT(cfg).apply(variables, tokens)
+  features, embedding = GPT(cfg).apply(variables, tokens, features_only=True)
+  np.testing.assert_allclose(features @ embedding.T, logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('tie_output', [True, False])
+def test_encoder_decoder_features_project_to_its_logits(tie_output):
+  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=4, mlp_dim=48,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=16,
+                          tie_output=tie_output)
+  inputs = jax.random.randint(jax.random.key(1), (2, 7), 1, V)
+  targets = jax.random.randint(jax.random.key(2), (2, 9), 1, V)
+  variables = EncoderDecoder(cfg).init(jax.random.key(0), inputs, targets)
+  logits = EncoderDecoder(cfg).apply(variables, inputs, targets)
+  features, embedding = EncoderDecoder(cfg).apply(variables, inputs, targets, features_only=True)
+  np.testing.assert_allclose(features @ embedding.T, logits, rtol=1e-5, atol=1e-5)
