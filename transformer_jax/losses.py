@@ -19,6 +19,16 @@ def _is_top(scores, target_score):
   return (target_score >= jnp.max(scores, axis=-1)).astype(jnp.float32)
 
 
+def _smoothing_constants(label_smoothing: float, vocab: int):
+  """(confidence, low, normalizer) of `cross_entropy_sums`; (1, 0, 0) without smoothing."""
+  if label_smoothing <= 0.0:
+    return 1.0, 0.0, 0.0
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+  return confidence, low, normalizer
+
+
 def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
   """Returns (smoothed loss sum, NLL sum, correct count, weight sum) over scored tokens.
 
@@ -31,13 +41,10 @@ def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
   weights = weights.astype(jnp.float32)
+  confidence, low, normalizer = _smoothing_constants(label_smoothing, vocab)
+  smooth = nll
   if label_smoothing > 0.0:
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab - 1)
-    normalizer = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
-    smooth = confidence * nll - low * (jnp.sum(log_probs, axis=-1) + nll) - normalizer
-  else:
-    smooth = nll
+    smooth = (confidence - low) * nll - low * jnp.sum(log_probs, axis=-1) - normalizer
   correct = _is_top(log_probs, -nll)
   return (jnp.sum(smooth * weights), jnp.sum(nll * weights), jnp.sum(correct * weights),
           jnp.sum(weights))
@@ -56,16 +63,6 @@ def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
 # the backward pass is a handful of cheap [B, T, D] and [V, D] operations.
 
 _CHUNK_BYTES = 8 << 20  # logits per slice: about a quarter of a 32 MB L3 cache
-
-
-def _smoothing_constants(label_smoothing: float, vocab: int):
-  """(confidence, low, normalizer) of `cross_entropy_sums`; (1, 0, 0) without smoothing."""
-  if label_smoothing <= 0.0:
-    return 1.0, 0.0, 0.0
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (vocab - 1)
-  normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
-  return confidence, low, normalizer
 
 
 def _slice_length(batch: int, length: int, vocab: int) -> int:
@@ -106,7 +103,9 @@ def _projected_forward(label_smoothing, steps, features, embedding, targets, wei
   def one_slice(carry, xs):
     x, target, w = xs
     x, target, w = x.reshape(-1, dim), target.reshape(-1), w.reshape(-1)
-    logits = jnp.dot(x, embedding.T.astype(x.dtype), preferred_element_type=jnp.float32)
+    contract = lambda a, b, axis: lax.dot_general(a, b.astype(x.dtype), ((axis, axis), ((), ())),
+                                                  preferred_element_type=jnp.float32)
+    logits = contract(x, embedding, 1)  # x @ E^T
     top = jnp.max(logits, axis=-1)
     lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
     target_logit = jnp.take_along_axis(logits, target[:, None], axis=-1)[:, 0]
@@ -117,23 +116,17 @@ def _projected_forward(label_smoothing, steps, features, embedding, targets, wei
     weighted_probs = (w[:, None] * jnp.exp(logits - lse[:, None])).astype(x.dtype)
     probs_embedding = jnp.dot(weighted_probs, embedding.astype(x.dtype),
                               preferred_element_type=jnp.float32)
-    # x^T made explicitly: XLA:CPU runs a dot contracting both operands' major axis slowly.
-    features_probs = carry[0] + jnp.dot(lax.optimization_barrier(x.T), weighted_probs,
-                                        preferred_element_type=jnp.float32)
+    probs_features = carry[0] + contract(weighted_probs, x, 0)  # (w p)^T x
     sums = carry[1] + jnp.stack([jnp.sum(w * smooth), jnp.sum(w * nll), jnp.sum(w * correct)])
-    return (features_probs, sums), probs_embedding
+    return (probs_features, sums), probs_embedding
 
-  init = (jnp.zeros((dim, vocab), jnp.float32), jnp.zeros((3,), jnp.float32))
-  (features_probs, sums), probs_embedding = lax.scan(
+  init = (jnp.zeros((vocab, dim), jnp.float32), jnp.zeros((3,), jnp.float32))
+  (probs_features, sums), probs_embedding = lax.scan(
       one_slice, init, (by_slice(features), by_slice(targets), by_slice(weights)))
   probs_embedding = jnp.swapaxes(probs_embedding.reshape(count, batch, steps, dim), 0, 1)
   out = (sums[0], sums[1], sums[2], jnp.sum(weights))
   return out, (features, embedding, targets, weights, probs_embedding.reshape(batch, length, dim),
-               features_probs.T)
-
-
-def _projected_fwd(label_smoothing, steps, features, embedding, targets, weights):
-  return _projected_forward(label_smoothing, steps, features, embedding, targets, weights)
+               probs_features)
 
 
 def _projected_bwd(label_smoothing, steps, residuals, cotangents):
@@ -159,4 +152,4 @@ def _projected_bwd(label_smoothing, steps, residuals, cotangents):
           np.zeros(targets.shape, jax.dtypes.float0), jnp.zeros_like(weights))
 
 
-_projected_sums.defvjp(_projected_fwd, _projected_bwd)
+_projected_sums.defvjp(_projected_forward, _projected_bwd)
