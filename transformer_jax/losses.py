@@ -62,7 +62,7 @@ def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
 # only (w p) @ E and x^T (w p), two matmuls it would have run in the backward pass anyway, and
 # the backward pass is a handful of cheap [B, T, D] and [V, D] operations.
 
-_CHUNK_BYTES = 8 << 20  # logits per slice: about a quarter of a 32 MB L3 cache
+_CHUNK_BYTES = 16 << 20  # logits per slice: half a 32 MB L3 (Multi30k step ~2% faster than 8 MB)
 
 
 def _slice_length(batch: int, length: int, vocab: int) -> int:
