@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import losses
+from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.models.encoder_decoder import EncoderDecoder
 from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
 from transformer_jax.model_config import TransformerConfig
@@ -22,8 +23,10 @@ def data(seed=0):
   return features, embedding, targets, weights
 
 
-def unfused(features, embedding, targets, weights, label_smoothing):
+def unfused(features, embedding, targets, weights, label_smoothing, bias=None):
   logits = (features.reshape(-1, D) @ embedding.T).reshape(B, T, V)
+  if bias is not None:
+    logits = logits + bias
   return losses.cross_entropy_sums(logits, targets, weights, label_smoothing)
 
 
@@ -31,21 +34,28 @@ def unfused(features, embedding, targets, weights, label_smoothing):
 def two_step_slices(monkeypatch):
   """A logits budget of 3 time steps: T = 8 is scanned as four slices of 2."""
   monkeypatch.setattr(losses, '_CHUNK_BYTES', 4 * B * V * 3)
-  assert losses._slice_length(B, T, V) == 2
+  assert losses._slicing_pays(V, D) and losses._slice_length(B, T, V) == 2
 
 
-@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
-def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, label_smoothing):
+@pytest.mark.parametrize('label_smoothing,with_bias,sliced', [
+    (0.0, False, True), (0.1, False, True), (0.1, True, True), (0.1, True, False)])
+def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, monkeypatch,
+                                                             label_smoothing, with_bias, sliced):
+  if not sliced:  # a table too big to slice for: the whole-logits path
+    monkeypatch.setattr(losses, '_TABLE_BYTES', 4 * V * D - 1)
+  assert losses._slicing_pays(V, D) == sliced
   features, embedding, targets, weights = data()
-  fused = lambda f, e: losses.projected_cross_entropy_sums(f, e, targets, weights,
-                                                           label_smoothing)
-  plain = lambda f, e: unfused(f, e, targets, weights, label_smoothing)
-  np.testing.assert_allclose(jax.jit(fused)(features, embedding),
-                             plain(features, embedding), rtol=1e-5)
+  bias = jax.random.normal(jax.random.key(7), (V,)) if with_bias else None
+  fused = lambda f, e, b: losses.projected_cross_entropy_sums(f, e, targets, weights,
+                                                              label_smoothing, bias=b)
+  plain = lambda f, e, b: unfused(f, e, targets, weights, label_smoothing, b)
+  np.testing.assert_allclose(jax.jit(fused)(features, embedding, bias),
+                             plain(features, embedding, bias), rtol=1e-5)
   # Both differentiable outputs at once (smoothed loss and NLL, with different cotangents).
-  mix = lambda fn: lambda f, e: 0.7 * fn(f, e)[0] - 1.3 * fn(f, e)[1]
-  got = jax.jit(jax.grad(mix(fused), argnums=(0, 1)))(features, embedding)
-  want = jax.grad(mix(plain), argnums=(0, 1))(features, embedding)
+  mix = lambda fn: lambda *a: 0.7 * fn(*a)[0] - 1.3 * fn(*a)[1]
+  argnums = (0, 1, 2) if with_bias else (0, 1)
+  got = jax.jit(jax.grad(mix(fused), argnums=argnums))(features, embedding, bias)
+  want = jax.grad(mix(plain), argnums=argnums)(features, embedding, bias)
   for g, w in zip(got, want):
     assert float(jnp.max(jnp.abs(w))) > 0.1  # a real gradient, not zeros on both sides
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
@@ -100,3 +110,18 @@ def test_encoder_decoder_features_project_to_its_logits(tie_output):
   logits = EncoderDecoder(cfg).apply(variables, inputs, targets)
   features, embedding = EncoderDecoder(cfg).apply(variables, inputs, targets, features_only=True)
   np.testing.assert_allclose(features @ embedding.T, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_mlm_features_project_to_its_logits():
+  cfg = bert_config(vocab_size=V, emb_dim=32, num_heads=4, mlp_dim=48, num_encoder_layers=1,
+                    max_len=16)
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 1, V)
+  positions = jnp.array([[1, 4, 7], [0, 2, 11]])
+  model = Bert(cfg, mlm=True, sentence_classes=0)
+  variables = model.init(jax.random.key(0), tokens, mlm_positions=positions)
+  variables = jax.tree.map(lambda p: p + 0.1, variables)  # a non-zero MLM bias
+  logits = model.apply(variables, tokens, mlm_positions=positions)['mlm_logits']
+  out = model.apply(variables, tokens, mlm_positions=positions, features_only=True)
+  assert 'mlm_logits' not in out and float(jnp.max(jnp.abs(out['mlm_bias']))) > 0
+  np.testing.assert_allclose(out['mlm_features'] @ out['mlm_embedding'].T + out['mlm_bias'],
+                             logits, rtol=1e-5, atol=1e-5)

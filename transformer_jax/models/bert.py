@@ -102,27 +102,40 @@ class Bert(nn.Module):
     pooled = jnp.tanh(self.pooler(hidden[:, 0]))
     return hidden, nn.with_logical_constraint(pooled, ('batch', 'embed'))
 
-  def mlm_logits(self, hidden, positions):
-    """Vocabulary logits [B, P, V] (float32) at `positions` [B, P] only: the LM head is the
-    most expensive layer, and only the ~15% masked positions are scored."""
+  def mlm_features(self, hidden, positions):
+    """The MLM head's features [B, P, D] at `positions` [B, P] only (the vocabulary projection
+    is the most expensive layer, and only the ~15% masked positions are scored)."""
     gathered = jnp.take_along_axis(hidden, positions[..., None], axis=1)
     h = _ACTIVATIONS[self.cfg.activation](self.mlm_transform(gathered))
     # Back to the residual layout (features on 'embed', not 'mlp'=tensor) before the tied
     # output matmul: without it XLA's partitioner returns wrong gradients on
     # data x fsdp x tensor meshes (tests/test_mesh.py caught a 3% grad-norm error).
     h = nn.with_logical_constraint(h, ACTIVATION_AXES)
-    h = self.mlm_norm(h)
+    return self.mlm_norm(h)
+
+  def mlm_logits(self, hidden, positions):
+    """Vocabulary logits [B, P, V] (float32) at `positions` [B, P]."""
+    h = self.mlm_features(hidden, positions)
     logits = self.token_embed.attend(h) + self.mlm_bias.astype(h.dtype)
     return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab')).astype(jnp.float32)
 
   def __call__(self, tokens, segments=None, *, valid=None, mlm_positions=None,
-               deterministic: bool = True) -> dict[str, jax.Array]:
+               deterministic: bool = True, features_only: bool = False) -> dict[str, jax.Array]:
     """{'hidden', 'pooled'} plus, for the built heads, 'mlm_logits' (when `mlm_positions` is
-    given), 'sentence_logits' and 'class_logits' ([B, classes], float32)."""
+    given), 'sentence_logits' and 'class_logits' ([B, classes], float32).
+
+    With `features_only`, the MLM head stops before its vocabulary projection: 'mlm_features'
+    [B, P, D], 'mlm_embedding' [V, D] and 'mlm_bias' [V] instead of 'mlm_logits' (for
+    `losses.projected_cross_entropy_sums`, which never builds the logits whole).
+    """
     hidden, pooled = self.encode(tokens, segments, valid, deterministic=deterministic)
     out = {'hidden': hidden, 'pooled': pooled}
     if self.mlm and mlm_positions is not None:
-      out['mlm_logits'] = self.mlm_logits(hidden, mlm_positions)
+      if features_only:
+        out['mlm_features'] = self.mlm_features(hidden, mlm_positions)
+        out['mlm_embedding'], out['mlm_bias'] = self.token_embed.embedding, self.mlm_bias
+      else:
+        out['mlm_logits'] = self.mlm_logits(hidden, mlm_positions)
     if self.sentence_classes:
       out['sentence_logits'] = self.sentence_head(pooled).astype(jnp.float32)
     if self.num_labels:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import sharding
-from transformer_jax.losses import cross_entropy_sums
+from transformer_jax.losses import cross_entropy_sums, projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert
 
@@ -43,16 +43,17 @@ class BertPretrainTask:
     return self.model.init({'params': rng, 'dropout': rng}, tokens, jnp.zeros_like(tokens),
                            mlm_positions=jnp.zeros((1, 2), jnp.int32))
 
-  def _apply(self, params, batch, rng, deterministic):
+  def _apply(self, params, batch, rng, deterministic, features_only=False):
     rngs = None if deterministic else {'dropout': rng}
     return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
                             mlm_positions=batch['mlm_positions'], deterministic=deterministic,
-                            rngs=rngs)
+                            rngs=rngs, features_only=features_only)
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
-    out = self._apply(params, batch, rng, deterministic)
-    _, nll, correct, weight = cross_entropy_sums(out['mlm_logits'], batch['mlm_ids'],
-                                                 batch['mlm_weights'])
+    out = self._apply(params, batch, rng, deterministic, features_only=True)
+    _, nll, correct, weight = projected_cross_entropy_sums(
+        out['mlm_features'], out['mlm_embedding'], batch['mlm_ids'], batch['mlm_weights'],
+        bias=out['mlm_bias'])
     loss = nll / jnp.maximum(weight, 1.0)
     if self.sentence_task != 'none':
       s_nll = cross_entropy_sums(out['sentence_logits'], batch['sentence_labels'],
