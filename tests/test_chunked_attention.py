@@ -77,12 +77,14 @@ def test_grouped_query_heads_match_reference():
   np.testing.assert_allclose(out, reference(q, k, v, causal=True), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize('causal', [False, True])
-def test_gradients_match_reference(causal):
-  t = 10
-  q, k, v = qkv(5, t, t)
-  mask = padding_mask(t, t)
-  bias = jax.random.normal(jax.random.key(6), (1, H, t, t))
+@pytest.mark.parametrize('causal,use_bias,kv_heads,t,s', [
+    (False, True, H, 10, 10), (True, True, H, 10, 10),  # bias gradient too
+    (True, False, 2, 10, 10),                            # grouped-query heads
+    (False, False, 2, 7, 11)])                           # cross-attention, S != T
+def test_gradients_match_reference(causal, use_bias, kv_heads, t, s):
+  q, k, v = qkv(5, t, s, kv_heads)
+  mask = padding_mask(t, s)
+  bias = jax.random.normal(jax.random.key(6), (1, H, t, s)) if use_bias else None
   cotangent = jax.random.normal(jax.random.key(7), (B, t, H, D))
 
   def loss(fn):
@@ -91,8 +93,9 @@ def test_gradients_match_reference(causal):
   chunked = loss(lambda q, k, v, bias: attention.chunked_attention(
       q, k, v, mask=mask, bias=bias, causal=causal, chunk_size=3))
   ref = loss(lambda q, k, v, bias: reference(q, k, v, mask, bias, causal))
-  got = jax.grad(chunked, argnums=(0, 1, 2, 3))(q, k, v, bias)
-  want = jax.grad(ref, argnums=(0, 1, 2, 3))(q, k, v, bias)
+  argnums = (0, 1, 2, 3) if use_bias else (0, 1, 2)
+  got = jax.grad(chunked, argnums=argnums)(q, k, v, bias)
+  want = jax.grad(ref, argnums=argnums)(q, k, v, bias)
   for g, w in zip(got, want):
     assert np.max(np.abs(np.asarray(w))) > 1e-3  # a real gradient, not all zeros
     np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from transformer_jax.dense import DenseGeneral
@@ -103,6 +104,67 @@ def default_chunk_size(query_length: int, key_length: int, causal: bool) -> int:
   return max(64, -(-query_length // 16))
 
 
+def _softmax_weights(q, k_t, mask, bias):
+  """Masked softmax(q k^T + bias) in float32, [B, H, T, S], from head-major q [B, H, T, D] (scaled)
+  and k^T [B, H, D, S]; masked weights exactly zero, as `reference_attention`."""
+  scores = jnp.einsum('bhtd,bhds->bhts', q, k_t, preferred_element_type=jnp.float32)
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  if mask is not None:
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+  weights = exp * (1.0 / jnp.sum(exp, axis=-1, keepdims=True))
+  return weights if mask is None else jnp.where(mask, weights, 0.0)
+
+
+@jax.custom_vjp
+def _attention_core(q, k_t, v, mask, bias):
+  """softmax(q k^T + bias, masked) v for head-major q [B, H, T, D] (scaled), k^T [B, H, D, S] and
+  v [B, H, S, D]; output [B, H, T, D]. The numbers of `reference_attention`, with the gradient
+  written out (`_attention_core_bwd`)."""
+  return _attention_core_fwd(q, k_t, v, mask, bias)[0]
+
+
+def _attention_core_fwd(q, k_t, v, mask, bias):
+  weights = _softmax_weights(q, k_t, mask, bias)
+  out = jnp.einsum('bhts,bhsd->bhtd', weights.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32).astype(v.dtype)
+  return out, (q, k_t, v, mask, bias, weights, out)
+
+
+def _attention_core_bwd(residuals, d_out):
+  """The attention gradient with every [T, S]-sized tensor in the layout the matmuls want.
+
+  Autodiff of the formula made XLA:CPU copy (transpose) the score-sized gradient and weights for
+  the key and value gradients, and reduce over the scores once more for the softmax gradient. Here
+  d k^T = q^T ds and d v^T = d_out^T p transpose only [T, D]-sized operands, and the softmax
+  gradient ds = p (dp - rowsum(dp p)) uses rowsum(dp p) = rowsum(d_out * out) (FlashAttention's
+  identity), a pass over [T, D] instead of [T, S]. (BERT-size attention forward + backward on CPU:
+  27 -> 22 ms per layer.)
+  """
+  q, k_t, v, mask, bias, weights, out = residuals
+  f32 = jnp.float32
+  swap = lambda x: jnp.swapaxes(x, -1, -2)
+  d_weights = jnp.einsum('bhtd,bhds->bhts', d_out, swap(v), preferred_element_type=f32)
+  row_dot = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
+  d_scores = weights * (d_weights - row_dot)  # zero where masked, as the weights are
+  d_q = jnp.einsum('bhts,bhsd->bhtd', d_scores.astype(q.dtype), swap(k_t),
+                   preferred_element_type=f32)
+  d_k_t = jnp.einsum('bhdt,bhts->bhds', swap(q), d_scores.astype(q.dtype),
+                     preferred_element_type=f32)
+  d_v = swap(jnp.einsum('bhdt,bhts->bhds', swap(d_out), weights.astype(d_out.dtype),
+                        preferred_element_type=f32))
+  d_mask = None if mask is None else np.zeros(mask.shape, jax.dtypes.float0)
+  d_bias = None
+  if bias is not None:  # summed over the axes the bias broadcasts along
+    axes = tuple(i for i in range(4) if bias.shape[i] == 1 and d_scores.shape[i] != 1)
+    d_bias = jnp.sum(d_scores, axis=axes, keepdims=True).astype(bias.dtype)
+  return (d_q.astype(q.dtype), d_k_t.astype(k_t.dtype), d_v.astype(v.dtype), d_mask, d_bias)
+
+
+_attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
+
+
 def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size=None,
                       dropout_rng=None, dropout_rate=0.0, deterministic=True,
                       dtype=jnp.float32):
@@ -112,13 +174,24 @@ def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size
   ending at row e only needs keys 0..e-1: the fully masked key blocks above the diagonal are never
   computed, nearly halving the score/value matmuls for long sequences. Each block is an exact
   softmax over its (static) key prefix, so the result equals `reference_attention` up to float
-  rounding and autodiff gives the exact gradient. Padding masks, biases and cross-attention
-  (non-causal, S != T) are sliced per block. Attention dropout draws per block (fold_in of the
-  block index), so it is not bit-identical to the reference's dropout pattern.
+  rounding and the gradient is exact. Padding masks, biases and cross-attention (non-causal,
+  S != T) are sliced per block. Without dropout each block is `_attention_core` (head-major, its
+  gradient written out for XLA:CPU: BERT step ~5% faster than autodiff of the formula); with
+  attention dropout, `reference_attention` per block, drawing per block (fold_in of the block
+  index), so not bit-identical to the reference's dropout pattern. Grouped-query key/value heads
+  are repeated for the core (autodiff sums their gradients back).
   """
   t, s = q.shape[1], k.shape[1]
   chunk = chunk_size or default_chunk_size(t, s, causal)
   mask, bias = _as_4d(mask), _as_4d(bias)
+  dropout = not deterministic and dropout_rate > 0.0
+  if not dropout:
+    # Head-major once per call ([B, H, T, D]; keys as k^T), so no block transposes its operands.
+    groups = q.shape[2] // k.shape[2]
+    d = q.shape[3]
+    q = jnp.swapaxes(q.astype(dtype) * d ** -0.5, 1, 2)
+    k_t = jnp.transpose(jnp.repeat(k.astype(dtype), groups, axis=2), (0, 2, 3, 1))
+    v = jnp.swapaxes(jnp.repeat(v.astype(dtype), groups, axis=2), 1, 2)
   outputs = []
   for index, lo in enumerate(range(0, t, chunk)):
     hi = min(lo + chunk, t)
@@ -127,13 +200,19 @@ def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size
     if causal:
       block_causal = (jnp.arange(k_hi)[None, :] <= jnp.arange(lo, hi)[:, None])[None, None]
       block_mask = combine_masks(block_mask, block_causal)
+    block_bias = _slice_scores_array(bias, lo, hi, k_hi)
+    if not dropout:
+      outputs.append(_attention_core(q[:, :, lo:hi], k_t[..., :k_hi], v[:, :, :k_hi],
+                                     block_mask, block_bias))
+      continue
     rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
     out, _ = reference_attention(
-        q[:, lo:hi], k[:, :k_hi], v[:, :k_hi], mask=block_mask,
-        bias=_slice_scores_array(bias, lo, hi, k_hi), dropout_rng=rng,
-        dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype)
+        q[:, lo:hi], k[:, :k_hi], v[:, :k_hi], mask=block_mask, bias=block_bias,
+        dropout_rng=rng, dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype)
     outputs.append(out)
-  return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
+  axis = 1 if dropout else 2
+  out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=axis)
+  return out if dropout else jnp.swapaxes(out, 1, 2)
 
 
 def _zero_fully_masked_rows(out, mask):
