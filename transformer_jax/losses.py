@@ -63,9 +63,7 @@ def cross_entropy_sums(logits, targets, weights, label_smoothing: float = 0.0):
 # the backward pass is a handful of cheap [B, T, D] and [V, D] operations.
 
 _CHUNK_BYTES = 16 << 20  # logits per slice: half a 32 MB L3 (Multi30k step ~2% faster than 8 MB)
-
-
-_TABLE_BYTES = 16 << 20  # the largest [V, D] table worth slicing for (below)
+_TABLE_BYTES = 16 << 20  # the largest [V, D] table worth slicing for (`_slicing_pays`)
 
 
 def _slicing_pays(vocab: int, dim: int) -> bool:

@@ -126,7 +126,7 @@ class Bert(nn.Module):
 
     With `features_only`, the MLM head stops before its vocabulary projection: 'mlm_features'
     [B, P, D], 'mlm_embedding' [V, D] and 'mlm_bias' [V] instead of 'mlm_logits' (for
-    `losses.projected_cross_entropy_sums`, which never builds the logits whole).
+    `losses.projected_cross_entropy_sums`).
     """
     hidden, pooled = self.encode(tokens, segments, valid, deterministic=deterministic)
     out = {'hidden': hidden, 'pooled': pooled}
