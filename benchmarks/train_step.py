@@ -17,8 +17,10 @@ is `benchmarks/torch_gpt.py` (eager, `scaled_dot_product_attention`, multi-tenso
 
 Method, for a noisy machine: every measurement runs in a fresh subprocess; each round runs
 JAX then PyTorch for a config (A B A B ...); the first step (compilation) and `warmup` more
-steps are excluded; the JAX/PyTorch ratio is taken per round and the median reported. Each JAX
-run also times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
+steps are excluded; each timed step is synced and timed on its own and the median step reported
+(a one-time burst of fresh buffers, see DEFAULT_STEPS, would otherwise land in the mean of a few
+steps); the JAX/PyTorch ratio is taken per round and the median reported. Each JAX run also
+times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
 
 Model FLOPs per trained token = 6 * N + 12 * L * T * D, N = non-embedding parameters, L layers,
 T block size, D width (Kaplan et al. 2020 / PaLM appendix B; the 12LTD attention term counts the
@@ -62,10 +64,13 @@ CONFIGS = {
     'bert': dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128,
                  batch_size=32, vocab_size=30522),
 }
-# (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one. Three
-# warm-up steps: jemalloc's per-thread arenas reach their steady state only after a few steps
-# (with one, BERT's timed steps still faulted in ~200k fresh pages each; with three, ~1).
+# (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
 DEFAULT_STEPS = {'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4)}
+# Once, at a step that varies from run to run (seen from the 2nd to past the 7th), a JAX step
+# touches a fresh set of buffers: BERT ~375k minor faults (~1.5 GB) in that one step, none in
+# the steps after it (`perf record -e minor-faults` over time; 16 timed steps average 23.6k
+# faults, 4 average 94k). Timed steps are therefore synced and timed one by one and the
+# *median* step is reported (the steady state a long run sees); the worst step's faults too.
 FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
 MATMUL_N = 2048
 
@@ -130,7 +135,10 @@ def _random_batches(spec: dict, count: int, seed: int) -> list[dict[str, np.ndar
 
 
 def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
-  """Runs first step, warm-up, timed steps; returns (state, timings dict, losses)."""
+  """Runs first step, warm-up, timed steps; returns (state, timings dict).
+
+  Each timed step is synced and timed on its own; the medians of their times and minor page
+  faults are reported (see the note above DEFAULT_STEPS), and the worst step's faults."""
   start = time.perf_counter()
   state, loss = step(state, batches[0])
   sync(loss)
@@ -139,18 +147,21 @@ def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
   for i in range(warmup):
     state, loss = step(state, batches[(i + 1) % len(batches)])
   sync((state, loss))
-  usage = resource.getrusage(resource.RUSAGE_SELF)
-  start = time.perf_counter()
+  seconds, faults, major_faults = [], [], []
   for i in range(timed):
+    usage, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     state, loss = step(state, batches[i % len(batches)])
-  sync((state, loss))
-  elapsed = time.perf_counter() - start
-  after = resource.getrusage(resource.RUSAGE_SELF)
+    sync((state, loss))
+    seconds.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    faults.append(after.ru_minflt - usage.ru_minflt)
+    major_faults.append(after.ru_majflt - usage.ru_majflt)
   return state, {
-      'first_step_s': first_step_s, 'seconds_per_step': elapsed / timed,
-      'minflt_per_step': (after.ru_minflt - usage.ru_minflt) / timed,
-      'majflt_per_step': (after.ru_majflt - usage.ru_majflt) / timed,
-      'peak_rss_mb': after.ru_maxrss / 1024.0,  # Linux reports KiB
+      'first_step_s': first_step_s, 'seconds_per_step': float(np.median(seconds)),
+      'mean_seconds_per_step': float(np.mean(seconds)),
+      'minflt_per_step': float(np.median(faults)), 'max_minflt_in_a_step': max(faults),
+      'majflt_per_step': float(np.median(major_faults)),
+      'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # KiB
       'loss_first': first_loss, 'loss_last': float(loss)}
 
 
