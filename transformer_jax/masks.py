@@ -1,0 +1,29 @@
+"""Attention masks: boolean, broadcastable to [B, H, T, S], True where a query may attend to a key."""
+
+import functools
+
+import jax.numpy as jnp
+
+
+def make_causal_mask(query_length: int, key_length: int | None = None) -> jnp.ndarray:
+  """[1, 1, T, S]: query i may see keys 0..i (the future is hidden)."""
+  key_length = key_length or query_length
+  return (jnp.arange(key_length)[None, :] <= jnp.arange(query_length)[:, None])[None, None]
+
+
+def make_padding_mask(query_valid: jnp.ndarray, key_valid: jnp.ndarray) -> jnp.ndarray:
+  """[B, 1, T, S] from per-token validity [B, T] and [B, S]: pads neither see nor are seen."""
+  return (query_valid[:, None, :, None] & key_valid[:, None, None, :])
+
+
+def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
+  """Logical AND of the masks that are not None (None means "attend everywhere")."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks)
+
+
+def as_4d(x):
+  """A mask/bias broadcastable to [B, H, T, S], with its missing leading axes made explicit."""
+  return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
