@@ -18,7 +18,7 @@ is `benchmarks/torch_gpt.py` (eager, `scaled_dot_product_attention`, multi-tenso
 Method, for a noisy machine: every measurement runs in a fresh subprocess; each round runs
 JAX then PyTorch for a config (A B A B ...); the first step (compilation) and `warmup` more
 steps are excluded; each timed step is synced and timed on its own and the median step reported
-(a one-time burst of fresh buffers, see DEFAULT_STEPS, would otherwise land in the mean of a few
+(a one-time burst of fresh buffers, see the note after DEFAULT_STEPS, would otherwise land in the mean of a few
 steps); the JAX/PyTorch ratio is taken per round and the median reported. Each JAX run also
 times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
 
@@ -138,7 +138,7 @@ def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
   """Runs first step, warm-up, timed steps; returns (state, timings dict).
 
   Each timed step is synced and timed on its own; the medians of their times and minor page
-  faults are reported (see the note above DEFAULT_STEPS), and the worst step's faults."""
+  faults are reported (see the note after DEFAULT_STEPS), and the worst step's faults."""
   start = time.perf_counter()
   state, loss = step(state, batches[0])
   sync(loss)

@@ -62,8 +62,8 @@ class EncoderDecoder(nn.Module):
     """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source.
 
     With `features_only`, (final decoder features [B, T, D], `output_embedding()`) instead: the
-    training loss projects them onto the vocabulary itself, a slice at a time
-    (`losses.projected_cross_entropy_sums`).
+    training loss projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`,
+    a slice at a time when the table is cache-sized).
 
     Training passes the whole shifted target; decode mode passes one token a call. Only the
     causal mask is needed on the decoder side: targets are right-padded, so a real query
