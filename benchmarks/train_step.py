@@ -18,8 +18,8 @@ is `benchmarks/torch_gpt.py` (eager, `scaled_dot_product_attention`, multi-tenso
 Method, for a noisy machine: every measurement runs in a fresh subprocess; each round runs
 JAX then PyTorch for a config (A B A B ...); the first step (compilation) and `warmup` more
 steps are excluded; each timed step is synced and timed on its own and the median step reported
-(a one-time burst of fresh buffers, see the note after DEFAULT_STEPS, would otherwise land in the mean of a few
-steps); the JAX/PyTorch ratio is taken per round and the median reported. Each JAX run also
+(a one-time burst of fresh buffers, see the note after DEFAULT_STEPS, would otherwise land in
+the mean of a few steps); the JAX/PyTorch ratio is taken per round and the median reported. Each JAX run also
 times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
 
 Model FLOPs per trained token = 6 * N + 12 * L * T * D, N = non-embedding parameters, L layers,

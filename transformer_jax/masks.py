@@ -1,4 +1,5 @@
-"""Attention masks: boolean, broadcastable to [B, H, T, S], True where a query may attend to a key."""
+"""Attention masks: boolean, broadcastable to [B, H, T, S], True where a query may attend to
+a key."""
 
 import functools
 
