@@ -7,6 +7,8 @@ import os
 import queue
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -535,3 +537,25 @@ def test_mesh_shape_rejects_mismatched_shapes_with_a_clear_message(mesh_config, 
   """Mesh shapes that cannot tile the devices raise ConfigError saying why."""
   with pytest.raises(ConfigError, match=message):
     sharding.mesh_shape(mesh_config, num_devices)
+
+
+def test_tensorboard_writer_leaves_torch_unimported_and_importable(tmp_path):
+  """tensorboardX imports PyTorch whenever it is installed (2-3 s and ~300 MB per run); the
+  trainer's writer writes events without it, and torch still imports afterwards."""
+  code = '\n'.join([
+      'import glob, sys',
+      'from transformer_jax.trainer import _summary_writer',
+      f'writer = _summary_writer({str(tmp_path)!r})',
+      "writer.add_scalar('train/loss', 1.5, 0)",
+      'writer.close()',
+      "print('torch' in sys.modules, len(glob.glob(sys.argv[1] + '/events.out.tfevents.*')))",
+      'try:',
+      '  import torch',
+      '  print(torch.ones(2).sum().item())',
+      'except ImportError:',  # a machine without torch: nothing to leave importable
+      '  print(2.0)',
+  ])
+  proc = subprocess.run([sys.executable, '-c', code, str(tmp_path)], capture_output=True,
+                        text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ['False', '1', '2.0']
