@@ -19,8 +19,11 @@ Method, for a noisy machine: every measurement runs in a fresh subprocess; each 
 JAX then PyTorch for a config (A B A B ...); the first step (compilation) and `warmup` more
 steps are excluded; each timed step is synced and timed on its own and the median step reported
 (a one-time burst of fresh buffers, see the note after DEFAULT_STEPS, would otherwise land in
-the mean of a few steps); the JAX/PyTorch ratio is taken per round and the median reported. Each JAX run also
-times a jitted 2048x2048 fp32 matmul, the machine's practical FLOP/s ceiling.
+the mean of a few steps); the JAX/PyTorch ratio is taken per round and the median reported.
+Each JAX run also times a jitted 2048x2048 matmul (8192 on accelerators) in the compute dtype,
+the machine's practical FLOP/s ceiling; on GPU/TPU the model FLOP utilisation (MFU) against the
+chip's nominal dense bf16 peak is reported too (`--configs=gpt2 --dtype=bfloat16 --notorch`,
+or `bash benchmarks/gpu_gpt2.sh`).
 
 Model FLOPs per trained token = 6 * N + 12 * L * T * D, N = non-embedding parameters, L layers,
 T block size, D width (Kaplan et al. 2020 / PaLM appendix B; the 12LTD attention term counts the
@@ -63,16 +66,24 @@ CONFIGS = {
                      source_length=32, block_size=32, batch_size=128, vocab_size=8000),
     'bert': dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128,
                  batch_size=32, vocab_size=30522),
+    # GPT-2 small (124M) for accelerators: `--configs=gpt2 --dtype=bfloat16 --notorch`.
+    'gpt2': dict(kind='gpt', n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=16,
+                 vocab_size=50304),
 }
 # (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
-DEFAULT_STEPS = {'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4)}
+DEFAULT_STEPS = {'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4),
+                 'gpt2': (3, 10)}
 # Once, at a step that varies from run to run (seen from the 2nd to past the 7th), a JAX step
 # touches a fresh set of buffers: BERT ~375k minor faults (~1.5 GB) in that one step, none in
 # the steps after it (`perf record -e minor-faults` over time; 16 timed steps average 23.6k
 # faults, 4 average 94k). Timed steps are therefore synced and timed one by one and the
 # *median* step is reported (the steady state a long run sees); the worst step's faults too.
 FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
-MATMUL_N = 2048
+MATMUL_N = {'cpu': 2048}  # accelerators: 8192 (a 2048^3 product is too small to fill a GPU)
+# Nominal dense bf16 FLOP/s per chip, for model FLOP utilisation (MFU) on accelerators.
+# The first key contained in `device_kind` wins (SXM figures for H100/H200).
+PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L4': 121e12,
+                   'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6': 918e12}
 
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds; each runs JAX then PyTorch per config.')
 _CONFIGS = flags.DEFINE_list('configs', ['baby', 'mid'], f'Configs to run, of {list(CONFIGS)}.')
@@ -81,6 +92,10 @@ _STEPS = flags.DEFINE_list('steps', [], 'Per-config "name:warmup:timed" step cou
 _TORCH = flags.DEFINE_bool('torch', True, 'Also time the PyTorch baseline (if torch is installed).')
 _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads for PyTorch.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                           'JAX compute dtype (parameters stay float32); bfloat16 is for '
+                           'accelerators, and skips the (float32) PyTorch baseline.')
+_BATCH = flags.DEFINE_integer('batch_size', 0, 'Rows per step instead of the config\'s (0).')
 _SCAN = flags.DEFINE_bool('scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
                           'one layer instead of all: shorter time to the first step).')
 # Internal: a child process runs one variant ("jax-baby", "torch-mid", ...).
@@ -216,21 +231,27 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
 
     _, result = _timed_loop(step, state, batches, warmup, timed, jax.block_until_ready)
 
-  a = jax.random.normal(jax.random.key(1), (MATMUL_N, MATMUL_N), jnp.float32)
-  b = jax.random.normal(jax.random.key(2), (MATMUL_N, MATMUL_N), jnp.float32)
+  n = MATMUL_N.get(jax.default_backend(), 8192)
+  a = jax.random.normal(jax.random.key(1), (n, n), _DTYPE.value)
+  b = jax.random.normal(jax.random.key(2), (n, n), _DTYPE.value)
   matmul = jax.jit(lambda a, b: a @ b)
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
-  result.update(non_embedding_params=int(non_embedding), loss_impl=loss_impl,
-                matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
-                jax_version=jax.__version__, backend=jax.default_backend())
+  device_kind = jax.devices()[0].device_kind
+  peaks = [v for k, v in PEAK_BF16_FLOPS.items() if k in device_kind]
+  result.update(non_embedding_params=int(non_embedding), loss_impl=loss_impl, matmul_n=n,
+                matmul_flops_per_s=2.0 * n ** 3 / seconds, device_kind=device_kind,
+                peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu'
+                else None, jax_version=jax.__version__, backend=jax.default_backend())
   return result
 
 
 def _jax_task(spec: dict):
   """(task, description) of the real training task for the config's model."""
+  import jax.numpy as jnp
   common = dict(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'], num_heads=spec['n_head'],
-                dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value)
+                dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value,
+                dtype=jnp.dtype(_DTYPE.value))
   if spec['kind'] == 'translation':
     from transformer_jax.model_config import TransformerConfig
     from transformer_jax.tasks.translation import TranslationTask
@@ -311,13 +332,19 @@ def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
     return state, train_step(batch)
 
   _, result = _timed_loop(step, None, batches, warmup, timed, lambda _: None)  # eager: synced
-  a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
+  n = MATMUL_N['cpu']
+  a, b = torch.randn(n, n), torch.randn(n, n)
   torch.mm(a, b)
   seconds = _best_seconds(lambda: torch.mm(a, b))
   result.update(non_embedding_params=non_embedding,
-                torch_matmul_flops_per_s=2.0 * MATMUL_N ** 3 / seconds,
+                torch_matmul_flops_per_s=2.0 * n ** 3 / seconds,
                 torch_version=torch.__version__, torch_threads=torch.get_num_threads())
   return result
+
+
+def _spec(name: str) -> dict:
+  """The config, with --batch_size applied."""
+  return dict(CONFIGS[name], batch_size=_BATCH.value or CONFIGS[name]['batch_size'])
 
 
 def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
@@ -325,7 +352,7 @@ def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
   if name not in CONFIGS or framework not in ('jax', 'torch'):
     raise app.UsageError(f'--variant must be jax-NAME or torch-NAME with NAME in '
                          f'{list(CONFIGS)}, got {variant!r}')
-  spec = CONFIGS[name]
+  spec = _spec(name)
   run = run_jax if framework == 'jax' else run_torch
   result = run(spec, warmup, timed, seed)
   tokens = spec['batch_size'] * spec['block_size']
@@ -335,8 +362,10 @@ def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
   result.update(variant=variant, framework=framework, config=name, tokens_per_step=tokens,
                 warmup_steps=warmup, timed_steps=timed, ms_per_step=1000.0 * seconds,
                 tokens_per_s=tokens / seconds, model_flops_per_step=flops_per_step,
-                model_flops_per_s=flops_per_step / seconds,
+                model_flops_per_s=flops_per_step / seconds, dtype=_DTYPE.value,
                 allocator=runtime.allocator_description())
+  if result.get('peak_bf16_flops_per_s'):
+    result['mfu'] = result['model_flops_per_s'] / result['peak_bf16_flops_per_s']
   return result
 
 
@@ -358,7 +387,8 @@ def _spawn(variant: str, warmup: int, timed: int) -> dict:
   """Runs one variant in a fresh interpreter (same allocator env) and parses its JSON."""
   command = [sys.executable, os.path.abspath(__file__), f'--variant={variant}',
              f'--warmup={warmup}', f'--timed_steps={timed}', f'--seed={_SEED.value}',
-             f'--torch_threads={_TORCH_THREADS.value}',
+             f'--torch_threads={_TORCH_THREADS.value}', f'--dtype={_DTYPE.value}',
+             f'--batch_size={_BATCH.value}',
              f'--{"" if _SCAN.value else "no"}scan_layers']
   proc = subprocess.run(command, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
@@ -392,7 +422,7 @@ def _summarise(name: str, runs: dict[str, list[dict]]) -> dict:
     jax_summary = summary['jax']
     jax_summary['model_flops_over_matmul'] = (jax_summary['model_flops_per_s']
                                               / jax_summary['matmul_flops_per_s'])
-  summary['spec'] = CONFIGS[name]
+  summary['spec'] = _spec(name)
   return summary
 
 
@@ -406,8 +436,13 @@ def _print_summary(name: str, s: dict):
           f'  first step {f["first_step_s"]:5.1f} s  peak RSS {f["peak_rss_mb"]:7.0f} MB  '
           f'{f["minflt_per_step"]:9.0f} minor faults/step')
   if 'jax' in s:
-    print(f'  {name:5s} jax matmul {MATMUL_N}^2 fp32: {s["jax"]["matmul_flops_per_s"] / 1e9:.1f}'
-          f' GFLOP/s; model FLOP/s = {100 * s["jax"]["model_flops_over_matmul"]:.0f}% of it')
+    j = s['jax']
+    print(f'  {name:5s} jax matmul {j["matmul_n"]:.0f}^3 {_DTYPE.value}: '
+          f'{j["matmul_flops_per_s"] / 1e9:.1f} GFLOP/s; model FLOP/s = '
+          f'{100 * j["model_flops_over_matmul"]:.0f}% of it')
+    if j.get('mfu'):
+      print(f'  {name:5s} MFU {100 * j["mfu"]:.1f}% of the nominal '
+            f'{j["peak_bf16_flops_per_s"] / 1e12:.0f} TFLOP/s bf16 peak')
   if 'jax_over_torch_tokens_per_s' in s:
     per_round = ', '.join(f'{r:.2f}' for r in s['jax_over_torch_per_round'])
     print(f'  {name:5s} JAX/PyTorch tokens/s: {s["jax_over_torch_tokens_per_s"]:.2f} '
@@ -426,7 +461,8 @@ def main(argv):
     raise app.UsageError(f'--configs must be among {list(CONFIGS)} (got {unknown}); '
                          '--rounds >= 1')
   counts = _step_counts()
-  with_torch = _TORCH.value and importlib.util.find_spec('torch') is not None
+  with_torch = (_TORCH.value and _DTYPE.value == 'float32'
+                and importlib.util.find_spec('torch') is not None)
   frameworks = ['jax'] + (['torch'] if with_torch else [])
   print(f'allocator: {runtime.allocator_description()}')
   print(f'PyTorch baseline: {"yes" if with_torch else "no (torch not installed or --notorch)"}; '
@@ -450,7 +486,7 @@ def main(argv):
   print(json.dumps({
       'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
       'allocator': runtime.allocator_description(), 'flops_formula': FLOPS_FORMULA,
-      'precision': 'float32', 'dropout': 0.0, 'torch_baseline': with_torch,
+      'precision': _DTYPE.value, 'dropout': 0.0, 'torch_baseline': with_torch,
       'scan_layers': _SCAN.value,
       'wall_seconds': time.time() - start, 'configs': summaries}))
 
