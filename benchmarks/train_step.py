@@ -248,10 +248,10 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
 
 def _jax_task(spec: dict):
   """(task, description) of the real training task for the config's model."""
-  import jax.numpy as jnp
+  from transformer_jax.model_config import DTYPES
   common = dict(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'], num_heads=spec['n_head'],
                 dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value,
-                dtype=jnp.dtype(_DTYPE.value))
+                dtype=DTYPES[_DTYPE.value])
   if spec['kind'] == 'translation':
     from transformer_jax.model_config import TransformerConfig
     from transformer_jax.tasks.translation import TranslationTask

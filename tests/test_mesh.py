@@ -26,7 +26,8 @@ MESHES = {
 def run_worker(translate_cli, workdir, family: str, runs: list[dict], steps: int = 3,
                devices: int = 8) -> dict[str, dict]:
   env = translate_cli.env()
-  env['XLA_FLAGS'] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+  env['XLA_FLAGS'] = ' '.join(filter(None, [env.get('XLA_FLAGS'),  # keeps conftest's flags
+                                             f'--xla_force_host_platform_device_count={devices}']))
   spec = {'family': family, 'steps': steps, 'workdir': str(workdir), 'runs': runs}
   proc = subprocess.run([sys.executable, os.path.join('tests', 'mesh_worker.py'), json.dumps(spec)],
                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
