@@ -59,6 +59,18 @@ def test_default_buckets():
   assert buckets == sorted(set(buckets))
 
 
+def test_configured_buckets_replace_the_defaults_and_one_bucket_gives_one_shape():
+  assert batching.bucket_lengths(30, ()) == batching.default_buckets(30)
+  assert batching.bucket_lengths(30, (16, 40)) == [16, 40]
+  src, tgt = make_examples(200, max_len=30)
+  batcher = batching.BucketedBatcher(src, tgt, batch_tokens=256,
+                                     buckets=batching.bucket_lengths(30, (32,)), seed=0)
+  shapes = {(b['inputs'].shape, b['targets'].shape) for b in take(batcher, 20)}
+  assert shapes == {((8, 32), (8, 32))}
+  with pytest.raises(ConfigError, match=r'must end at data.max_len \(32\).*\(16, 24\)'):
+    batching.bucket_lengths(32, (16, 24))  # 32-token examples would fit no bucket
+
+
 def test_encode_pairs_filter():
   src = ['a b c', 'a b c d e f g', 'a', 'a b']
   tgt = ['x y', 'x', 'x y z w v u t s', 'x y z']

@@ -47,6 +47,13 @@ CONFIGS = {
 }
 
 
+@functools.partial(jax.jit, static_argnums=0, static_argnames=('method', 'mutable'))
+def jit_apply(model, variables, *args, **kwargs):
+  """`model.apply` compiled whole: once per model and shapes, instead of op by op (the eager
+  path compiles each small op on first use: seconds per config on CPU)."""
+  return model.apply(variables, *args, **kwargs)
+
+
 def tokens(seed, shape, low=2):
   """Random non-PAD, non-EOS token ids."""
   return jax.random.randint(jax.random.key(seed), shape, low, VOCAB, jnp.int32)
@@ -99,8 +106,8 @@ def params_by_config():
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_logits_shape_and_dtype(name, params_by_config):
   inputs, targets = source_batch(), tokens(1, (2, 6))
-  logits = EncoderDecoder(CONFIGS[name]).apply({'params': params_by_config[name]}, inputs,
-                                               targets)
+  logits = jit_apply(EncoderDecoder(CONFIGS[name]), {'params': params_by_config[name]}, inputs,
+                     targets)
   assert logits.shape == (2, 6, VOCAB)
   assert logits.dtype == jnp.float32
   assert np.all(np.isfinite(logits))
@@ -135,14 +142,14 @@ def test_separate_vocabularies_have_separate_embeddings():
   params = random_params(cfg, inputs=inputs)
   assert params['source_embed']['embedding'].shape == (17, 16)
   assert params['target_embed']['embedding'].shape == (VOCAB, 16)
-  logits = EncoderDecoder(cfg).apply({'params': params}, inputs, tokens(1, (2, 6)))
+  logits = jit_apply(EncoderDecoder(cfg), {'params': params}, inputs, tokens(1, (2, 6)))
   assert logits.shape == (2, 6, VOCAB)
   assert np.all(np.isfinite(logits))  # An out-of-range lookup would give NaN.
   # The source table is what the encoder reads.
   changed = jax.tree.map(lambda x: x, params)
   changed['source_embed'] = {'embedding': params['source_embed']['embedding'].at[16].add(1.0)}
-  assert np.max(np.abs(EncoderDecoder(cfg).apply({'params': changed}, inputs,
-                                                  tokens(1, (2, 6))) - logits)) > 1e-4
+  assert np.max(np.abs(jit_apply(EncoderDecoder(cfg), {'params': changed}, inputs,
+                                 tokens(1, (2, 6))) - logits)) > 1e-4
   # Shared: one table only.
   shared = abstract_params(CONFIGS['original'])
   assert 'source_embed' not in shared and 'target_embed' in shared
@@ -162,12 +169,12 @@ def test_untied_output_uses_its_own_projection():
   assert tuple(nn.get_partition_spec(boxed)['logits_dense']['kernel']) == ('embed', 'vocab')
   inputs, targets = source_batch(), tokens(1, (2, 6))
   model = EncoderDecoder(cfg)
-  logits = model.apply({'params': params}, inputs, targets)
+  logits = jit_apply(model, {'params': params}, inputs, targets)
   # Logits are linear in the output kernel (no bias): scaling it scales them.
   scaled = jax.tree.map(lambda x: x, params)
   scaled['logits_dense'] = {'kernel': 2.0 * params['logits_dense']['kernel']}
-  np.testing.assert_allclose(model.apply({'params': scaled}, inputs, targets), 2.0 * logits,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jit_apply(model, {'params': scaled}, inputs, targets),
+                             2.0 * logits, rtol=1e-5, atol=1e-5)
 
 
 def test_tied_output_is_the_embedding_transpose(params_by_config):
@@ -213,11 +220,11 @@ def test_every_param_has_known_logical_axis_names(name):
 def test_decoder_is_causal(name, params_by_config):
   model, params = EncoderDecoder(CONFIGS[name]), params_by_config[name]
   inputs, targets = source_batch(), tokens(1, (2, 6))
-  logits = model.apply({'params': params}, inputs, targets)
+  logits = jit_apply(model, {'params': params}, inputs, targets)
   for t in (1, 3):
     # The decoder reads targets shifted right: logits at <= t see targets < t only.
     changed = targets.at[:, t:].set((targets[:, t:] + 1) % VOCAB)
-    logits2 = model.apply({'params': params}, inputs, changed)
+    logits2 = jit_apply(model, {'params': params}, inputs, changed)
     np.testing.assert_allclose(logits2[:, :t + 1], logits[:, :t + 1], rtol=1e-5, atol=1e-5)
     assert np.max(np.abs(logits2[:, t + 1:] - logits[:, t + 1:])) > 1e-4
 
@@ -226,13 +233,13 @@ def test_decoder_is_causal(name, params_by_config):
 def test_extra_source_padding_does_not_change_logits(name, params_by_config):
   model, params = EncoderDecoder(CONFIGS[name]), params_by_config[name]
   inputs, targets = source_batch(), tokens(1, (2, 6))
-  logits = model.apply({'params': params}, inputs, targets)
+  logits = jit_apply(model, {'params': params}, inputs, targets)
   padded = jnp.pad(inputs, ((0, 0), (0, 4)), constant_values=PAD_ID)
-  np.testing.assert_allclose(model.apply({'params': params}, padded, targets), logits,
+  np.testing.assert_allclose(jit_apply(model, {'params': params}, padded, targets), logits,
                              rtol=1e-5, atol=1e-5)
   # The source does matter: changing a real token changes the logits.
   changed = inputs.at[:, 0].set((inputs[:, 0] + 1) % VOCAB + 1)
-  assert np.max(np.abs(model.apply({'params': params}, changed, targets) - logits)) > 1e-4
+  assert np.max(np.abs(jit_apply(model, {'params': params}, changed, targets) - logits)) > 1e-4
 
 
 def test_shift_right_delays_targets_by_one():
@@ -250,16 +257,16 @@ def test_incremental_decode_with_cache_matches_teacher_forcing(name, params_by_c
   cfg, params = CONFIGS[name], params_by_config[name]
   inputs, targets = source_batch(), tokens(1, (2, 6))
   model = EncoderDecoder(cfg)
-  full = model.apply({'params': params}, inputs, targets)
-  encoded = model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
+  full = jit_apply(model, {'params': params}, inputs, targets)
+  encoded = jit_apply(model, {'params': params}, inputs, method=EncoderDecoder.encode)
 
   decoder = EncoderDecoder(cfg.replace(decode=True))
   cache = decoder.init(jax.random.key(0), inputs, targets)['cache']  # Allocates, full length.
   decoder_inputs = shift_right(targets)
   for t in range(targets.shape[1]):
-    logits, state = decoder.apply({'params': params, 'cache': cache}, encoded, inputs,
-                                  decoder_inputs[:, t:t + 1], method=EncoderDecoder.decode,
-                                  mutable=['cache'])
+    logits, state = jit_apply(decoder, {'params': params, 'cache': cache}, encoded, inputs,
+                              decoder_inputs[:, t:t + 1], method=EncoderDecoder.decode,
+                              mutable=('cache',))
     cache = state['cache']
     assert logits.shape == (2, 1, VOCAB)
     np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5,
@@ -415,8 +422,8 @@ def test_bfloat16_compute_is_close_to_float32(name, params_by_config):
   bf16 = cfg.replace(dtype=jnp.bfloat16, param_dtype=jnp.float32)
   abstract = meta.unbox(abstract_params(bf16))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(abstract))
-  logits16 = EncoderDecoder(bf16).apply({'params': params}, inputs, targets)
-  logits32 = EncoderDecoder(cfg).apply({'params': params}, inputs, targets)
+  logits16 = jit_apply(EncoderDecoder(bf16), {'params': params}, inputs, targets)
+  logits32 = jit_apply(EncoderDecoder(cfg), {'params': params}, inputs, targets)
   assert logits16.dtype == jnp.float32
   assert np.all(np.isfinite(logits16))
   scale = float(np.std(logits32))

@@ -19,6 +19,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.data.max_len = 128           # tokens incl. EOS; longer pairs are filtered or truncated
   config.data.overflow = 'filter'     # 'filter' or 'truncate'
   config.data.batch_tokens = 4096     # padded tokens per batch (source or target side)
+  config.data.buckets = ()            # () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
   config.data.skip_invalid_utf8 = False
   config.data.max_train_examples = 0  # 0 = all
 

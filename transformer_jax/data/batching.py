@@ -90,6 +90,22 @@ def default_buckets(max_len: int) -> list[int]:
   return [length for length in candidates if length < last] + [last]
 
 
+def bucket_lengths(max_len: int, buckets=()) -> list[int]:
+  """The configured bucket lengths (`data.buckets`), or `default_buckets(max_len)` if none.
+
+  A single length gives every batch the same shape, so the train and eval steps compile once:
+  worth the extra padding where compiling dominates (short runs, tests) or where every new shape
+  is expensive (TPU).
+  """
+  if not buckets:
+    return default_buckets(max_len)
+  lengths = [int(b) for b in buckets]
+  if lengths[-1] < max_len:
+    raise ConfigError(f'data.buckets must end at data.max_len ({max_len}) or above, got '
+                      f'{tuple(lengths)}')
+  return lengths
+
+
 class _PackedSequences:
   """Many variable-length id arrays stored as one flat array plus offsets.
 

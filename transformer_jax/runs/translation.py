@@ -101,7 +101,7 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   from transformer_jax.sharding import data_parallel_size
   return batching.BucketedBatcher(
       src_ids, tgt_ids, batch_tokens=data.batch_tokens,
-      buckets=batching.default_buckets(data.max_len), seed=config.seed, shuffle=train,
+      buckets=batching.bucket_lengths(data.max_len, data.buckets), seed=config.seed, shuffle=train,
       multiple_of=data_parallel_size(trainer.mesh), process_index=jax.process_index(),
       process_count=jax.process_count())
 
