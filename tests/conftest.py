@@ -18,7 +18,6 @@ os.environ['XLA_FLAGS'] = ' '.join(
     filter(None, [os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0']))
 
 
-
 def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
   """Workers for `-n auto` (setup.cfg's default): one per core, at most 4.
 
@@ -43,7 +42,7 @@ TINY_OVERRIDES = {
     'model.num_decoder_layers': 1,
     'data.max_len': 32,
     'data.batch_tokens': 512,
-    'data.buckets': (32,),  # one batch shape: each step compiles once (4x fewer compilations)
+    'data.buckets': (32,),  # one batch shape, so each step compiles once, not per bucket
     'data.max_train_examples': 2000,
     'optimizer.learning_rate': 5e-3,
     'optimizer.warmup_steps': 10,
