@@ -53,6 +53,7 @@ import resource
 import statistics
 import subprocess
 import time
+from typing import Any, NamedTuple
 
 import numpy as np
 from absl import app, flags
@@ -189,7 +190,20 @@ def _best_seconds(fn, repeats: int = 5) -> float:
   return min(times)  # the ceiling: noise only ever slows a run down
 
 
-def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
+class JaxTraining(NamedTuple):
+  """The real trainer's step for a config, ready to run under `sharding.use_mesh(mesh, rules)`."""
+  train_step: Any  # jitted (state, batch) -> (state, metrics), state donated
+  state: Any
+  batches: list[Any]  # on the device, with the batch sharding
+  mesh: Any
+  rules: Any
+  non_embedding_params: int
+  loss_impl: str
+
+
+def build_jax_training(spec: dict, seed: int) -> JaxTraining:
+  """The trainer's step, a fresh state and random batches for `spec`, jitted exactly as `Trainer`
+  does: shardings from the logical axes, donated state."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -208,7 +222,6 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
     params = task.init_variables(rng)['params']
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  # Jit exactly as `Trainer` does: shardings from the logical axes, donated state.
   mesh, rules = sharding.make_mesh(None), sharding.LOGICAL_AXIS_RULES
   state_shardings = sharding.tree_shardings(mesh, jax.eval_shape(create_state, jax.random.key(0)),
                                             rules)
@@ -219,17 +232,27 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   with sharding.use_mesh(mesh, rules):
     state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
                     out_shardings=state_shardings)(jax.random.key(seed))
-    embeddings = ('token_embed', 'position_embedding', 'target_embed', 'segment_embedding')
-    non_embedding = sum(
-        x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
-        if not any(getattr(k, 'key', None) in embeddings for k in path))
-    batches = [jax.device_put(batch, batch_sharding) for batch in _random_batches(spec, 4, seed)]
+  embeddings = ('token_embed', 'position_embedding', 'target_embed', 'segment_embedding')
+  non_embedding = sum(
+      x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+      if not any(getattr(k, 'key', None) in embeddings for k in path))
+  batches = [jax.device_put(batch, batch_sharding) for batch in _random_batches(spec, 4, seed)]
+  return JaxTraining(train_step, state, batches, mesh, rules, int(non_embedding), loss_impl)
 
-    def step(state, batch):
-      state, metrics = train_step(state, batch)
-      return state, metrics['loss_mean']
 
-    _, result = _timed_loop(step, state, batches, warmup, timed, jax.block_until_ready)
+def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
+  import jax
+  from transformer_jax import sharding
+
+  training = build_jax_training(spec, seed)
+
+  def step(state, batch):
+    state, metrics = training.train_step(state, batch)
+    return state, metrics['loss_mean']
+
+  with sharding.use_mesh(training.mesh, training.rules):
+    _, result = _timed_loop(step, training.state, training.batches, warmup, timed,
+                            jax.block_until_ready)
 
   n = MATMUL_N.get(jax.default_backend(), 8192)
   a = jax.random.normal(jax.random.key(1), (n, n), _DTYPE.value)
@@ -239,7 +262,8 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
   peaks = [v for k, v in PEAK_BF16_FLOPS.items() if k in device_kind]
-  result.update(non_embedding_params=int(non_embedding), loss_impl=loss_impl, matmul_n=n,
+  result.update(non_embedding_params=training.non_embedding_params,
+                loss_impl=training.loss_impl, matmul_n=n,
                 matmul_flops_per_s=2.0 * n ** 3 / seconds, device_kind=device_kind,
                 peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu'
                 else None, jax_version=jax.__version__, backend=jax.default_backend())

@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from transformer_jax import hlo_text
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config
 from transformer_jax.optim import make_optimizer
@@ -23,27 +24,12 @@ from transformer_jax.tasks.lm import LanguageModelTask
 from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.trainer import TrainState, make_train_step
 
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%(\S+) = (\S+) (\w[\w-]*)\((.*?)\)(.*)$')
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _DENSE_LAYERS = ('query', 'key', 'value', 'out', 'wi', 'wo', 'wi_gate', 'wi_up', 'lm_head')
-
-
-def parse(hlo: str) -> list[dict]:
-  """Instructions of every computation (fused ones included): name, shape, opcode, op_name."""
-  result = []
-  for line in hlo.splitlines():
-    match = _INSTRUCTION.match(line)
-    if match:
-      name, shape, opcode, operands, rest = match.groups()
-      op_name = _OP_NAME.search(rest)
-      result.append(dict(name=name, shape=shape, opcode=opcode, operands=operands, rest=rest,
-                         op_name=op_name.group(1) if op_name else ''))
-  return result
 
 
 def transposes_outside_attention(hlo: str) -> list[str]:
   """Transposes (and copies of transposes, i.e. materialised ones) not made by attention."""
-  instructions = parse(hlo)
+  instructions = hlo_text.parse(hlo)
   transposed = {i['name'] for i in instructions if i['opcode'] == 'transpose'}
   bad = []
   for i in instructions:
@@ -54,16 +40,11 @@ def transposes_outside_attention(hlo: str) -> list[str]:
   return bad
 
 
-def rank(shape: str) -> int:
-  dims = re.match(r'\w+\[([^\]]*)\]', shape).group(1)
-  return len(dims.split(',')) if dims else 0
-
-
 def dense_dots(hlo: str) -> list[dict]:
   """Dots the Dense layers produced (forward and both backward matmuls); attention's own
   einsums carry their equation ('...->...') in op_name and are left out."""
   layer = re.compile(r'/(%s)/|\.attend/' % '|'.join(_DENSE_LAYERS))
-  return [i for i in parse(hlo) if i['opcode'] == 'dot' and layer.search(i['op_name'])
+  return [i for i in hlo_text.parse(hlo) if i['opcode'] == 'dot' and layer.search(i['op_name'])
           and '->' not in i['op_name']]
 
 
@@ -102,7 +83,7 @@ def test_train_step_has_no_transposing_copies_feeding_dots(make_task):
   dots = dense_dots(hlo)
   assert len(dots) >= 3 * 6  # forward, input-gradient and weight-gradient dot per projection
   for dot in dots:  # each one plain (tokens, in) x (in, out): no batch dims, rank 2
-    assert rank(dot['shape']) == 2, dot
+    assert len(hlo_text.dims(dot['shape'])) == 2, dot
     assert 'lhs_batch_dims' not in dot['rest'], dot
 
 
@@ -127,17 +108,9 @@ def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
   """`copy` instructions of the given shapes (e.g. 'f32[2,4,8,40]') anywhere but the ENTRY
   computation: inside a decode loop's body (or a fusion it calls) they run on every step,
   while ENTRY's run once (copying a non-donated argument)."""
-  found, computation = [], None
-  for line in hlo.splitlines():
-    if line and not line.startswith(' ') and line.rstrip().endswith('{'):
-      computation = 'ENTRY' if line.startswith('ENTRY') else line.split(' ')[0]
-      continue
-    match = _INSTRUCTION.match(line)
-    if match and computation != 'ENTRY' and match.group(3) == 'copy':
-      shape = match.group(2).split('{')[0]
-      if shape in shapes:
-        found.append(f'{computation}: {match.group(1)} {match.group(2)}')
-  return found
+  return [f"{i['computation']}: {i['name']} {i['shape']}" for i in hlo_text.parse(hlo)
+          if i['opcode'] == 'copy' and i['computation'] != 'ENTRY'
+          and i['shape'].split('{')[0] in shapes]
 
 
 @pytest.mark.parametrize('num_kv_heads', [None, 2], ids=['mha', 'gqa'])
