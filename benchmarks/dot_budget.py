@@ -19,7 +19,6 @@ import collections
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,7 +34,8 @@ from absl import app, flags
 from benchmarks import train_step as bench
 
 _CONFIG = flags.DEFINE_enum('config', 'mid', list(bench.CONFIGS), 'Config of train_step.py.')
-_MEASURED = flags.DEFINE_integer('measured_steps', 4, 'Timed steps (median reported), after 2 warm-up ones.')
+_MEASURED = flags.DEFINE_integer('measured_steps', 4, 'Timed steps (median reported), after 2 '
+                                 'untimed ones.')
 _TOP = flags.DEFINE_integer('top', 0, 'Print only the N most expensive dots (0: all).')
 
 
@@ -71,18 +71,20 @@ def main(argv):
   training = bench.build_jax_training(spec, seed=0)
   with sharding.use_mesh(training.mesh, training.rules):
     compiled = training.train_step.lower(training.state, training.batches[0]).compile()
-    state, seconds = training.state, []
-    for i in range(2 + _MEASURED.value):
-      start = time.perf_counter()
-      state, metrics = compiled(state, training.batches[i % len(training.batches)])
-      jax.block_until_ready((state, metrics))
-      seconds.append(time.perf_counter() - start)
-  step_s = float(np.median(seconds[2:]))
+    # train_step.py's loop: first step and one more excluded, each timed step synced alone.
+    def step(state, batch):
+      state, metrics = compiled(state, batch)
+      return state, metrics['loss_mean']
+
+    _, timings = bench._timed_loop(step, training.state, training.batches, 1, _MEASURED.value,
+                                   jax.block_until_ready)
+  step_s = timings['seconds_per_step']
 
   counts, origin = collections.Counter(), {}
   for dot in hlo_text.dots(compiled.as_text()):
-    counts[_dot_key(dot)] += 1
-    origin.setdefault(_dot_key(dot), dot['op_name'].split('/')[-2] if '/' in dot['op_name']
+    key = _dot_key(dot)
+    counts[key] += 1
+    origin.setdefault(key, dot['op_name'].split('/')[-2] if '/' in dot['op_name']
                       else dot['op_name'])
   rows = []
   for key, count in counts.items():
