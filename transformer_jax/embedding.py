@@ -24,8 +24,13 @@ class Embed(nn.Module):
         (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
-    # A gather, not a one-hot matmul: cheaper on CPU/GPU, and XLA shards it fine on TPU.
-    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+    # A gather, not a one-hot matmul: cheaper on CPU/GPU. The table's 'embed' axis is gathered
+    # first (as FSDP does for every weight): a lookup from a table split over 'fsdp' comes out
+    # split on its features, and XLA cannot move that split to the batch axis of the
+    # activations without replicating the whole result (its 'involuntary full
+    # rematerialization' warning on data x fsdp x tensor meshes).
+    table = nn.with_logical_constraint(self.embedding, ('vocab', None))
+    return jnp.take(table, tokens, axis=0).astype(self.dtype)
 
   def attend(self, x: jnp.ndarray) -> jnp.ndarray:
     """Logits x @ E^T over the vocabulary, as one 2-D matmul."""

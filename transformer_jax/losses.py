@@ -3,6 +3,7 @@
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,11 +172,16 @@ def _projected_bwd(label_smoothing, steps, residuals, cotangents):
   w = weights[..., None]
   weighted_features = (w * features.astype(jnp.float32)).reshape(-1, dim)
   embedding32 = embedding.astype(jnp.float32)
-  d_features = (a * probs_embedding - b * w * jnp.take(embedding32, targets, axis=0)
+  # The row lookup and the row scatter-add on whole feature rows (as in `Embed.__call__`: a
+  # table split over 'fsdp' would put that split on the features of the batch-split rows, which
+  # XLA can only do by replicating them).
+  whole_rows = lambda table: nn.with_logical_constraint(table, ('vocab', None))
+  target_rows = jnp.take(whole_rows(embedding32), targets, axis=0)
+  d_features = (a * probs_embedding - b * w * target_rows
                 - c * w * jnp.sum(embedding32, axis=0))
-  d_embedding = (a * probs_features
-                 - b * jnp.zeros((vocab, dim), jnp.float32).at[targets.reshape(-1)].add(
-                     weighted_features)
+  target_sums = whole_rows(jnp.zeros((vocab, dim), jnp.float32)).at[targets.reshape(-1)].add(
+      weighted_features)
+  d_embedding = (a * probs_features - b * whole_rows(target_sums)
                  - c * jnp.sum(weighted_features, axis=0))
   d_bias = None
   if bias is not None:  # the same rows summed: d(loss)/d(logits) summed over positions

@@ -91,7 +91,9 @@ class Bert(nn.Module):
       valid = tokens != PAD_ID
     if segments is None:
       segments = jnp.zeros_like(tokens)
-    segment = jnp.take(self.segment_embedding, segments, axis=0).astype(cfg.dtype)
+    # Whole feature rows for the lookup (`Embed.__call__` says why).
+    segment_table = nn.with_logical_constraint(self.segment_embedding, (None, None))
+    segment = jnp.take(segment_table, segments, axis=0).astype(cfg.dtype)
     positions = jnp.arange(tokens.shape[1])
     x = self.input_embedding(tokens, positions, extra=segment, deterministic=deterministic)
     # Keys only: every query (padding ones too, as in BERT) attends to the real tokens, so no
