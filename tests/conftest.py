@@ -143,7 +143,10 @@ def compilation_cache(tmp_path_factory):
   for name, value in options.items():
     jax.config.update(name, value)
     _CACHE_ENV[name.upper()] = str(value)
-  yield directory
+  with pytest.MonkeyPatch.context() as patch:
+    # Entry points started without _CACHE_ENV use it too, never the user's cache.
+    patch.setenv('TRANSFORMER_JAX_COMPILATION_CACHE', directory)
+    yield directory
   _CACHE_ENV.clear()
   for name, value in previous.items():
     jax.config.update(name, value)

@@ -1,4 +1,5 @@
-"""The allocator set-up of the entry points: one re-exec under jemalloc with our MALLOC_CONF."""
+"""The process set-up of the entry points: one re-exec under jemalloc with our MALLOC_CONF, and
+XLA's persistent compilation cache in the user's cache directory unless told otherwise."""
 
 import os
 import subprocess
@@ -40,3 +41,36 @@ def test_user_choices_are_kept(tmp_path):
   else:
     assert run_script(tmp_path, GLIBC_TUNABLES='glibc.malloc.arena_max=2')[3] == (
         'glibc.malloc.arena_max=2')
+
+
+CACHE_SCRIPT = (
+    'from transformer_jax import runtime\nprint(runtime.enable_compilation_cache(), flush=True)\n'
+    'import jax\njax.config.update("jax_persistent_cache_min_compile_time_secs", 0)\n'
+    'print(int(jax.jit(lambda x: x * 3 + 1)(2)))')
+
+
+def run_cache_script(tmp_path, **env_overrides) -> list[str]:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith('JAX_') and k != 'TRANSFORMER_JAX_COMPILATION_CACHE'}
+  env.update(env_overrides, PYTHONPATH=REPO, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=str(tmp_path))
+  return subprocess.run([sys.executable, '-c', CACHE_SCRIPT], env=env, capture_output=True,
+                        text=True, check=True, timeout=120).stdout.splitlines()
+
+
+def test_compilation_cache_defaults_to_the_user_cache_dir_and_really_stores_programs(tmp_path):
+  line, result = run_cache_script(tmp_path)
+  directory = tmp_path / 'transformer_jax' / 'xla'
+  assert result == '7' and str(directory) in line
+  assert any(name.startswith('jit__lambda') for name in os.listdir(directory))
+
+
+def test_compilation_cache_can_be_moved_or_turned_off_and_jax_own_setting_wins(tmp_path):
+  elsewhere = tmp_path / 'elsewhere'
+  line, _ = run_cache_script(tmp_path, TRANSFORMER_JAX_COMPILATION_CACHE=str(elsewhere))
+  assert str(elsewhere) in line and os.listdir(elsewhere)
+  line, _ = run_cache_script(tmp_path, TRANSFORMER_JAX_COMPILATION_CACHE='off')
+  assert 'off' in line and not (tmp_path / 'transformer_jax').exists()
+  jax_own = tmp_path / 'jax_own'
+  line, _ = run_cache_script(tmp_path, JAX_COMPILATION_CACHE_DIR=str(jax_own),
+                             TRANSFORMER_JAX_COMPILATION_CACHE=str(elsewhere / 'unused'))
+  assert str(jax_own) in line and os.listdir(jax_own) and not (elsewhere / 'unused').exists()

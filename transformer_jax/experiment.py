@@ -13,6 +13,7 @@ import tempfile
 
 from absl import logging
 
+from transformer_jax import runtime
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.files import write_atomically
 
@@ -31,8 +32,10 @@ class _QuietLibraries:
 
 
 def run(main, argv=None):
-  """absl `app.run` body wrapper: one line and exit 1 for user errors."""
+  """absl `app.run` body wrapper: one line and exit 1 for user errors; XLA's compilation cache
+  on (`runtime.enable_compilation_cache`)."""
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  logging.info('%s', runtime.enable_compilation_cache())
   try:
     return main(argv)
   except UserError as error:

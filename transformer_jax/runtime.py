@@ -1,4 +1,5 @@
-"""Process setup done before JAX is imported: the memory allocator.
+"""Process setup for the entry points: the memory allocator (before JAX is imported) and XLA's
+persistent compilation cache.
 
 XLA:CPU allocates large scratch buffers every step. glibc returns blocks over 32 MB to the
 kernel on free, so each step page-faults them in again (measured: ~1.3 s of kernel time per
@@ -21,6 +22,7 @@ JEMALLOC_CONF = 'retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_thresh
 GLIBC_TUNABLES = ('glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:'
                   'glibc.malloc.trim_threshold=17179869184')
 _MARKER = 'TRANSFORMER_JAX_ALLOCATOR'
+_CACHE_VARIABLE = 'TRANSFORMER_JAX_COMPILATION_CACHE'
 
 
 def find_jemalloc() -> str | None:
@@ -69,3 +71,35 @@ def allocator_description() -> str:
           'glibc-tunables': 'glibc malloc with GLIBC_TUNABLES (no jemalloc found; '
                             'apt-get install libjemalloc2 for the best CPU step time)',
           }.get(choice, 'system malloc (TRANSFORMER_JAX_ALLOCATOR=system)')
+
+
+def default_compilation_cache_dir() -> str:
+  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache_home, 'transformer_jax', 'xla')
+
+
+def enable_compilation_cache() -> str:
+  """Turns on XLA's persistent compilation cache; returns a line saying where (for the log).
+
+  A rerun, a resumed job or a new run of the same shapes then loads its compiled steps instead of
+  compiling them (a 20-step baby GPT run: 30 s cold, 20 s warm). JAX caches programs that took
+  over a second to compile, keyed on the program, jax version, flags and devices. Directory:
+  $TRANSFORMER_JAX_COMPILATION_CACHE (`off` disables it), default ~/.cache/transformer_jax/xla;
+  a cache the user configured for JAX itself (JAX_COMPILATION_CACHE_DIR) is kept. On a
+  multi-host job only process 0 writes; point every host at one shared path to share it.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  configured = jax.config.jax_compilation_cache_dir
+  if configured:
+    return f'XLA compilation cache: {configured} (jax_compilation_cache_dir)'
+  directory = os.environ.get(_CACHE_VARIABLE, default_compilation_cache_dir())
+  if directory.lower() in ('', 'off', 'none', '0'):
+    return f'XLA compilation cache: off ({_CACHE_VARIABLE}={directory})'
+  directory = os.path.expanduser(directory)
+  if '://' not in directory:  # a local path; cloud paths (gs://...) are JAX's to handle
+    try:
+      os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+      return f'XLA compilation cache: off (cannot create {directory}: {error.strerror})'
+  jax.config.update('jax_compilation_cache_dir', directory)
+  return f'XLA compilation cache: {directory} ({_CACHE_VARIABLE}=off disables it)'
