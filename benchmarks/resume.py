@@ -171,7 +171,7 @@ def main():
   flags.FLAGS(sys.argv)
   import json  # pylint: disable=g-import-not-at-top
   root = workdir_flag.value or tempfile.mkdtemp(prefix='resume_')
-  extra_env = {}
+  extra_env = {'TRANSFORMER_JAX_COMPILATION_CACHE': 'off'}  # not the user's cache
   if cache.value:
     extra_env = {'JAX_COMPILATION_CACHE_DIR': os.path.join(root, 'xla_cache'),
                  'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
