@@ -1,7 +1,8 @@
 """Reading XLA's optimised HLO text (`jit(f).lower(...).compile().as_text()`).
 
 Used to check what the compiler made of a step: the tests look for transposing copies and
-rank-3 dots (tests/test_hlo.py), and benchmarks/dot_budget.py times every dot of a train step.
+rank-3 dots (tests/test_hlo.py), benchmarks/dot_budget.py times every dot of a train step and
+benchmarks/step_profile.py maps a profiler trace onto the step's instructions.
 """
 
 import re
@@ -26,6 +27,12 @@ def parse(hlo: str) -> list[dict]:
       result.append(dict(name=name, shape=shape, opcode=opcode, operands=operands, rest=rest,
                          op_name=op_name.group(1) if op_name else '', computation=computation))
   return result
+
+
+def called_computation(instruction: dict) -> str | None:
+  """The computation a fusion (or call) runs, e.g. 'fused_computation.3'; None for others."""
+  match = re.search(r'calls=%([\w.\-]+)', instruction['rest'])
+  return match.group(1) if match else None
 
 
 def dims(shape: str) -> tuple[int, ...]:
