@@ -41,7 +41,7 @@ from benchmarks import train_step as bench
 
 _CONFIG = flags.DEFINE_enum('config', 'bert', list(bench.CONFIGS), 'Config of train_step.py.')
 _TOP = flags.DEFINE_integer('top', 25, 'Print the N most expensive instructions.')
-_STEPS = 3  # profiled, after 3 untimed ones
+_STEPS = 3  # profiled, after as many untimed ones
 
 
 def part_of_model(instruction: dict, calls_dot: bool) -> str:
@@ -65,17 +65,20 @@ def main(argv):
 
   spec = bench._spec(_CONFIG.value)
   training = bench.build_jax_training(spec, seed=0)
-  state, batches = training.state, training.batches
+  batches = training.batches
   trace_dir = tempfile.mkdtemp(prefix='step_profile_')
   with sharding.use_mesh(training.mesh, training.rules):
-    compiled = training.train_step.lower(state, batches[0]).compile()
-    for i in range(3):
-      state, metrics = compiled(state, batches[i % len(batches)])
-      jax.block_until_ready(metrics)
-    with jax.profiler.trace(trace_dir):
+    compiled = training.train_step.lower(training.state, batches[0]).compile()
+
+    def run_steps(state):
       for i in range(_STEPS):
         state, metrics = compiled(state, batches[i % len(batches)])
         jax.block_until_ready(metrics)
+      return state
+
+    state = run_steps(training.state)  # warm-up, untraced
+    with jax.profiler.trace(trace_dir):
+      run_steps(state)
   profile = jax.profiler.ProfileData.from_file(
       glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)[0])
   event_ms = collections.Counter()
@@ -86,7 +89,7 @@ def main(argv):
 
   instructions = hlo_text.parse(compiled.as_text())
   # Fused computations that contain a dot (YNNPACK fuses matmuls with their neighbours).
-  dot_computations = {i['computation'].lstrip('%') for i in instructions if i['opcode'] == 'dot'}
+  dot_computations = {i['computation'] for i in instructions if i['opcode'] == 'dot'}
   rows = []
   for i in instructions:
     if i['computation'] != 'ENTRY' or i['name'] not in event_ms:

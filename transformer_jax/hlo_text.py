@@ -14,11 +14,12 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 def parse(hlo: str) -> list[dict]:
   """Instructions of every computation (fused ones included): name, shape (e.g.
   'f32[16,64]{1,0}'), opcode, operands, the rest of the line, the JAX op_name and the
-  computation it belongs to ('ENTRY' for the program's entry)."""
+  computation it belongs to ('ENTRY' for the program's entry, else its name as
+  `called_computation` gives it, e.g. 'fused_computation.3')."""
   result, computation = [], None
   for line in hlo.splitlines():
     if line and not line.startswith(' ') and line.rstrip().endswith('{'):
-      computation = 'ENTRY' if line.startswith('ENTRY') else line.split(' ')[0]
+      computation = 'ENTRY' if line.startswith('ENTRY') else line.split(' ')[0].lstrip('%')
       continue
     match = _INSTRUCTION.match(line)
     if match:
