@@ -2,6 +2,7 @@ r"""Where a train step's time goes, from a profiler trace: every compiled instru
 
   python benchmarks/step_profile.py --config=bert           # MiniLM-size BERT (~1 min, 2 cores)
   python benchmarks/step_profile.py --config=mid --top=40
+  python benchmarks/step_profile.py --config=mid --part=attention   # list only its instructions
 
 Compiles the real train step of a `benchmarks/train_step.py` config (the trainer's jit, same
 flags), runs 3 steps under `jax.profiler.trace`, and maps the trace's events to the optimised
@@ -41,6 +42,8 @@ from benchmarks import train_step as bench
 
 _CONFIG = flags.DEFINE_enum('config', 'bert', list(bench.CONFIGS), 'Config of train_step.py.')
 _TOP = flags.DEFINE_integer('top', 25, 'Print the N most expensive instructions.')
+_PART = flags.DEFINE_string('part', '', 'List only instructions of parts whose name contains '
+                            'this (e.g. "attention"); the summary still covers all.')
 _STEPS = 3  # profiled, after as many untimed ones
 
 
@@ -109,12 +112,14 @@ def main(argv):
         f'(profile in {trace_dir})')
   for part, ms in parts.most_common():
     print(f'  {ms:8.1f} ms  {100 * ms / total_ms:4.1f}%  {part}')
-  print(f'the {_TOP.value} most expensive instructions:')
-  for r in rows[:_TOP.value]:
+  listed = [r for r in rows if _PART.value in r['part']][:_TOP.value]
+  print(f'the {len(listed)} most expensive instructions'
+        + (f' of "{_PART.value}":' if _PART.value else ':'))
+  for r in listed:
     print(f'  {r["ms"]:8.1f} ms  {r["name"]:26s} {r["shape"]:22s} {r["op_name"][-90:]}')
   print(json.dumps({'benchmark': 'step_profile', 'config': _CONFIG.value, 'spec': spec,
                     'instructions_ms': total_ms, 'parts_ms': dict(parts),
-                    'top': rows[:_TOP.value], 'jax_version': jax.__version__,
+                    'top': listed, 'jax_version': jax.__version__,
                     'allocator': runtime.allocator_description()}))
 
 
