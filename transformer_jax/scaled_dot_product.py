@@ -198,29 +198,48 @@ def _fused_attention(q, k, v, mask, bias, causal, dtype, implementation):
   return _zero_fully_masked_rows(out, mask)
 
 
+_PALLAS_TILE = 128  # the Pallas kernel's default tile along both sequences (and its lane width)
+
+
 def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
-  """TPU: the Pallas flash-attention kernel. A general mask becomes an additive bias (correct,
-  but it materialises [B, H, T, S]; causality alone stays inside the kernel)."""
+  """TPU: the Pallas flash-attention kernel.
+
+  The kernel tiles both sequences by 128, so other lengths are padded up to a multiple: padded
+  keys are hidden by segment ids (inside the kernel), padded query rows are dropped. A general
+  mask becomes an additive bias (correct, but it materialises [B, H, T, S]; causality stays
+  inside the kernel). The kernel scales the scores after adding its bias, so q is scaled here
+  instead.
+  """
   # Imported here: the module needs a TPU-enabled jaxlib and is never used elsewhere.
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   b, t, h, d = q.shape
+  s = k.shape[1]
   groups = h // k.shape[2]
   if groups > 1:  # the kernel wants as many key/value heads as query heads
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+  t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
   ab = None
   if bias is not None or mask is not None:
-    ab = jnp.zeros((b, h, t, k.shape[1]), jnp.float32)
+    ab = jnp.zeros((b, h, t, s), jnp.float32)
     if bias is not None:
       ab = ab + bias.astype(jnp.float32)
     if mask is not None:
       ab = jnp.where(mask, ab, -0.7 * float(jnp.finfo(jnp.float32).max))
-  to_bhtd = lambda x: jnp.swapaxes(x.astype(dtype), 1, 2)
-  out = pallas_flash.flash_attention(to_bhtd(q), to_bhtd(k), to_bhtd(v), ab=ab, causal=causal,
-                                     sm_scale=1.0 / float(d) ** 0.5)
-  out = jnp.swapaxes(out, 1, 2)
+    ab = jnp.pad(ab, ((0, 0), (0, 0), (0, t_pad), (0, s_pad)))
+  segment_ids = None
+  if s_pad:
+    real_key = (jnp.arange(s + s_pad) < s).astype(jnp.int32)
+    segment_ids = pallas_flash.SegmentIds(q=jnp.ones((b, t + t_pad), jnp.int32),
+                                          kv=jnp.broadcast_to(real_key, (b, s + s_pad)))
+  to_bhtd = lambda x, pad: jnp.swapaxes(
+      jnp.pad(x.astype(dtype), ((0, 0), (0, pad), (0, 0), (0, 0))), 1, 2)
+  out = pallas_flash.flash_attention(to_bhtd(q * d ** -0.5, t_pad), to_bhtd(k, s_pad),
+                                     to_bhtd(v, s_pad), ab=ab, segment_ids=segment_ids,
+                                     causal=causal)
+  out = jnp.swapaxes(out, 1, 2)[:, :t]
   if causal:
-    mask = combine_masks(mask, make_causal_mask(t, k.shape[1]))
+    mask = combine_masks(mask, make_causal_mask(t, s))
   return _zero_fully_masked_rows(out, mask)
 
 
