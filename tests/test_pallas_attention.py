@@ -59,3 +59,23 @@ def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, ca
   for name, g, ref in zip('q k v bias'.split(), grads, ref_grads):
     assert np.abs(np.asarray(ref)).max() > 1e-3, name  # a real gradient, not all zeros
     np.testing.assert_allclose(g, ref, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize('backend,expected', [('gpu', 'cudnn'), ('tpu', 'pallas'),
+                                              ('cpu', 'chunked')])
+def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeypatch, backend,
+                                                                         expected):
+  """'auto' asks for cuDNN on GPU and Pallas on TPU; where the kernel can't run (here: on a CPU
+  posing as that backend, at trace time) it falls back to a path that can, with the same
+  numbers. Attention dropout always takes the chunked path (the fused kernels have none)."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  assert attention.auto_implementation() == expected
+  assert attention.auto_implementation(dropout=True) == 'chunked'
+  q, k, v, _, mask = inputs(9, 9, 2, padding=True, use_bias=False)
+  if backend != 'cpu':
+    with pytest.raises(Exception):  # the kernel itself really can't run on this CPU
+      attention.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
+  out = attention.dot_product_attention(q, k, v, mask=mask, causal=True)
+  ref = attention.dot_product_attention(q, k, v, mask=mask, causal=True,
+                                        implementation='reference')
+  np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
