@@ -91,6 +91,30 @@ def test_config_flag_errors_are_one_line(tmp_path):
   assert_untouched(workdir)
 
 
+def test_attention_kernel_for_another_backend_fails_before_anything_is_written(tmp_path):
+  """Every experiment config lets the attention implementation be chosen on the command line;
+  a kernel this backend can't run (Pallas is TPU-only) is one line, not a compiler trace."""
+  workdir = str(tmp_path / 'work')
+  one_error_line(
+      cli('experiments.lm', *tiny_lm(workdir, **{'model.attention_implementation': 'pallas'})),
+      "model.attention_implementation='pallas' runs on TPU only, and this run is on CPU",
+      "use 'auto'")
+  assert_untouched(workdir)
+
+
+@pytest.mark.parametrize('config_file', ['translate_quickstart', 'shakespeare_char',
+                                         'bert_pretrain_small', 'sst2_minilm'])
+def test_every_experiment_config_names_its_attention_implementation(config_file):
+  import importlib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.model_config import model_config_from_dict  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f'experiments.configs.{config_file}').get_config()
+  assert config.model.attention_implementation == 'auto'
+  config.model.attention_implementation = 'reference'  # what --config.model.... sets
+  if 'emb_dim' in config.model:  # fine-tuning configs only override the pretrained model's
+    assert model_config_from_dict(config.model, vocab_size=64).attention_implementation == (
+        'reference')
+
+
 # -- mesh and batch ------------------------------------------------------------------------------
 
 def test_mesh_not_matching_the_devices_fails_before_the_tokenizer_is_written(tmp_path):

@@ -151,7 +151,8 @@ def require_keys(config, section: str, keys: tuple[str, ...]):
 
 
 def check_mesh(config, global_batch: int | None = None):
-  """The mesh against the device count (and `global_batch` rows against data x fsdp).
+  """The mesh against the device count (and `global_batch` rows against data x fsdp), and a
+  named attention kernel against the backend.
 
   Trainer checks these too, but only after the tokenizer and config.json are written; this
   runs first so that a wrong mesh or batch leaves the workdir untouched.
@@ -165,6 +166,12 @@ def check_mesh(config, global_batch: int | None = None):
     raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
                       f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {jax.device_count()} '
                       'devices); change data.batch_size or mesh.data/mesh.fsdp')
+  implementation = config.get('model', {}).get('attention_implementation', 'auto')
+  needs = {'cudnn': 'gpu', 'pallas': 'tpu'}.get(implementation)
+  if needs and jax.default_backend() != needs:
+    raise ConfigError(f'model.attention_implementation={implementation!r} runs on {needs.upper()} '
+                      f'only, and this run is on {jax.default_backend().upper()}: use \'auto\' '
+                      "(the best kernel per backend), 'chunked', 'xla' or 'reference'")
 
 
 def save_config(config, workdir: str):

@@ -49,7 +49,8 @@ def pretrain_config() -> ml_collections.ConfigDict:
       dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm', norm_position='post',
       norm_epsilon=1e-12, embedding_norm=True, position='learned', activation='gelu_exact',
       use_bias=True, tie_output=True, scale_embeddings=False, embed_init_std=0.02,
-      dtype='float32', param_dtype='float32', remat_policy='none', scan_layers=False))
+      dtype='float32', param_dtype='float32', remat_policy='none', scan_layers=False,
+      attention_implementation='auto'))
 
   _bert_adamw(config, learning_rate=1e-4, warmup_steps=10_000, decay_steps=1_000_000)
   config.train.num_steps = 1_000_000
@@ -77,7 +78,8 @@ def finetune_config() -> ml_collections.ConfigDict:
   config.data.max_train_examples = 0  # 0 = all
   # Overrides of the pretrained model's config (dropout while fine-tuning).
   config.model = ml_collections.ConfigDict(dict(dropout_rate=0.1, attention_dropout_rate=0.1,
-                                                dtype='float32', remat_policy='none'))
+                                                dtype='float32', remat_policy='none',
+                                                attention_implementation='auto'))
   _bert_adamw(config, learning_rate=5e-5, warmup_steps=400, decay_steps=4_000)
   config.train.num_steps = 4_000
   config.train.eval_every = 500

@@ -34,7 +34,7 @@ def lm_config() -> ml_collections.ConfigDict:
       attention_dropout_rate=0.2, norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
       position='learned', activation='gelu', use_bias=True, tie_output=True,
       scale_embeddings=False, embed_init_std=0.02, dtype='float32', param_dtype='float32',
-      remat_policy='none', scan_layers=False))
+      remat_policy='none', scan_layers=False, attention_implementation='auto'))
 
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).
   config.eval = ml_collections.ConfigDict()

@@ -34,7 +34,7 @@ def translate_config() -> ml_collections.ConfigDict:
       dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm', norm_position='post',
       position='sinusoidal', activation='relu', use_bias=True, share_embeddings=True,
       tie_output=True, scale_embeddings=True, dtype='float32', param_dtype='float32',
-      remat_policy='none', scan_layers=False))
+      remat_policy='none', scan_layers=False, attention_implementation='auto'))
 
   config.loss = ml_collections.ConfigDict({'label_smoothing': 0.1})
 
