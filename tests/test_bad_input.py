@@ -102,6 +102,18 @@ def test_attention_kernel_for_another_backend_fails_before_anything_is_written(t
   assert_untouched(workdir)
 
 
+def test_workdir_trained_with_another_backends_kernel_is_served_with_auto(tmp_path):
+  """A workdir trained on a TPU with Pallas still translates/generates on this CPU."""
+  import json  # pylint: disable=g-import-not-at-top
+  for implementation, expected in [('pallas', 'auto'), ('cudnn', 'auto'),
+                                   ('reference', 'reference')]:
+    (tmp_path / 'config.json').write_text(json.dumps(
+        {'model': {'emb_dim': 32, 'attention_implementation': implementation}}))
+    config = experiment.load_saved_config(str(tmp_path))
+    assert config.model.attention_implementation == expected
+    assert config.model.emb_dim == 32
+
+
 @pytest.mark.parametrize('config_file', ['translate_quickstart', 'shakespeare_char',
                                          'bert_pretrain_small', 'sst2_minilm'])
 def test_every_experiment_config_names_its_attention_implementation(config_file):

@@ -166,12 +166,23 @@ def check_mesh(config, global_batch: int | None = None):
     raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
                       f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {jax.device_count()} '
                       'devices); change data.batch_size or mesh.data/mesh.fsdp')
+  unavailable = attention_kernel_unavailable(config)
+  if unavailable:
+    raise ConfigError(f"{unavailable}: use 'auto' (the best kernel per backend), 'chunked', "
+                      "'xla' or 'reference'")
+
+
+def attention_kernel_unavailable(config) -> str | None:
+  """Why config.model.attention_implementation (a fused kernel) can't run here, or None."""
   implementation = config.get('model', {}).get('attention_implementation', 'auto')
   needs = {'cudnn': 'gpu', 'pallas': 'tpu'}.get(implementation)
-  if needs and jax.default_backend() != needs:
-    raise ConfigError(f'model.attention_implementation={implementation!r} runs on {needs.upper()} '
-                      f'only, and this run is on {jax.default_backend().upper()}: use \'auto\' '
-                      "(the best kernel per backend), 'chunked', 'xla' or 'reference'")
+  if needs is None:
+    return None  # (asks for no backend, so jax is not started here)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() == needs:
+    return None
+  return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
+          f'and this run is on {jax.default_backend().upper()}')
 
 
 def save_config(config, workdir: str):
@@ -187,4 +198,9 @@ def load_saved_config(workdir: str):
   if not os.path.exists(path):
     raise ConfigError(f'{workdir} has no config.json: is it a trained workdir?')
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(json.load(f))
+  unavailable = attention_kernel_unavailable(config)
+  if unavailable:  # e.g. trained on a TPU with Pallas, now translating on a laptop
+    logging.warning("%s: using 'auto' for this run", unavailable)
+    config.model.attention_implementation = 'auto'
+  return config
