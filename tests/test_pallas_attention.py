@@ -16,15 +16,19 @@ RTOL, ATOL = 1e-5, 1e-5
 
 
 def inputs(t, s, kv_heads, padding, use_bias):
+  """q, k, v, bias and mask; `padding`: None, 'keys' (a [B, 1, 1, S] mask, as BERT and
+  cross-attention pass; row 1's last 4 keys hidden) or 'both' (also row 1's last 3 queries)."""
   keys = jax.random.split(jax.random.key(0), 4)
   q = jax.random.normal(keys[0], (B, t, H, D))
   k = jax.random.normal(keys[1], (B, s, kv_heads, D))
   v = jax.random.normal(keys[2], (B, s, kv_heads, D))
   bias = jax.random.normal(keys[3], (1, H, t, s)) if use_bias else None
+  k_valid = jnp.arange(s)[None, :] < jnp.array([[s], [s - 4]])
   mask = None
-  if padding:  # row 1: its last 3 queries and last 4 keys are padding
+  if padding == 'keys':
+    mask = k_valid[:, None, None, :]
+  elif padding == 'both':
     q_valid = jnp.arange(t)[None, :] < jnp.array([[t], [t - 3]])
-    k_valid = jnp.arange(s)[None, :] < jnp.array([[s], [s - 4]])
     mask = attention.make_padding_mask(q_valid, k_valid)
   return q, k, v, bias, mask
 
@@ -43,9 +47,10 @@ def output_and_gradients(implementation, q, k, v, bias, mask, causal):
 
 
 @pytest.mark.parametrize('t,s,kv_heads,causal,padding,use_bias', [
-    (10, 10, 1, True, True, False),  # GPT-like: causal, padded, shorter than one tile
-    (7, 11, 2, False, True, True),  # cross-attention with key padding and a bias (T5)
-    (128, 128, 1, True, False, False),  # exactly one tile: nothing padded; multi-query
+    (10, 10, 1, True, 'both', False),  # GPT-like: causal, padded, shorter than one tile
+    (7, 11, 2, False, 'both', True),  # cross-attention with padding and a bias (T5)
+    (9, 9, 2, False, 'keys', False),  # BERT-like: only keys hidden
+    (128, 128, 1, True, None, False),  # exactly one tile: nothing padded; multi-query
 ])
 def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, causal, padding,
                                                              use_bias):
@@ -54,11 +59,35 @@ def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, ca
     out, grads = output_and_gradients('pallas', q, k, v, bias, mask, causal)
   ref_out, ref_grads = output_and_gradients('reference', q, k, v, bias, mask, causal)
   np.testing.assert_allclose(out, ref_out, rtol=RTOL, atol=ATOL)
-  if padding:  # padded query rows: zero output, as the reference
+  if padding == 'both':  # padded query rows: zero output, as the reference
     np.testing.assert_array_equal(np.asarray(out)[1, t - 3:], 0.0)
   for name, g, ref in zip('q k v bias'.split(), grads, ref_grads):
     assert np.abs(np.asarray(ref)).max() > 1e-3, name  # a real gradient, not all zeros
     np.testing.assert_allclose(g, ref, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(monkeypatch):
+  """BERT's and cross-attention's [B, 1, 1, S] masks cost the kernel no [B, H, T, S] array, and
+  a batch row whose keys are all hidden comes out zero (the kernel alone would average it)."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  calls = []
+  kernel = pallas_flash.flash_attention
+
+  def recording_kernel(*args, **kwargs):
+    calls.append(kwargs)
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(pallas_flash, 'flash_attention', recording_kernel)
+  q, k, v, _, _ = inputs(5, 9, 2, None, False)
+  mask = jnp.stack([jnp.arange(9) < 6, jnp.zeros(9, bool)])[:, None, None, :]
+  with pltpu.force_tpu_interpret_mode():
+    out = attention.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
+  assert calls[0]['ab'] is None
+  np.testing.assert_array_equal(calls[0]['segment_ids'].kv, np.stack([np.arange(128) < 6,
+                                                                      np.zeros(128, bool)]))
+  np.testing.assert_allclose(out, attention.dot_product_attention(
+      q, k, v, mask=mask, implementation='reference'), rtol=RTOL, atol=ATOL)
+  np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
 
 
 @pytest.mark.parametrize('backend,expected', [('gpu', 'cudnn'), ('tpu', 'pallas'),
@@ -71,7 +100,7 @@ def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeyp
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
   assert attention.auto_implementation() == expected
   assert attention.auto_implementation(dropout=True) == 'chunked'
-  q, k, v, _, mask = inputs(9, 9, 1, padding=True, use_bias=False)
+  q, k, v, _, mask = inputs(9, 9, 1, padding='both', use_bias=False)
   if backend != 'cpu':
     with pytest.raises(Exception):  # the kernel itself really can't run on this CPU
       attention.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
