@@ -8,6 +8,7 @@ import pytest
 
 from transformer_jax import attention
 from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.models.encoder_decoder import EncoderDecoder
 from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
 
@@ -160,6 +161,33 @@ def test_encoder_decoder_logits_equal_across_implementations():
   logits = lambda implementation: jax.jit(EncoderDecoder(cfg.replace(
       attention_implementation=implementation)).apply)({'params': params}, inputs, targets)
   np.testing.assert_allclose(logits('chunked'), logits('reference'), rtol=1e-4, atol=1e-4)
+
+
+def test_models_give_causality_as_a_flag_and_padding_as_the_smallest_mask(monkeypatch):
+  """What each attention call of the models receives: causal self-attention gets the flag and
+  no [T, T] mask (which a flash kernel would have to read as a score-sized bias); BERT-style key
+  padding and cross-attention get [B, 1, 1, S] masks (segment ids for the TPU kernel)."""
+  calls = []
+  implementation = attention.dot_product_attention
+
+  def recording(q, k, v, *, mask=None, causal=False, **kwargs):
+    calls.append((None if mask is None else mask.shape, causal))
+    return implementation(q, k, v, mask=mask, causal=causal, **kwargs)
+
+  monkeypatch.setattr(attention, 'dot_product_attention', recording)
+  tokens = jax.random.randint(jax.random.key(13), (2, 12), 1, 40)
+  jax.eval_shape(GPT(gpt2_config(**TINY)).init, jax.random.key(0), tokens)  # traces a forward
+  assert calls and set(calls) == {(None, True)}, calls
+  calls.clear()
+  cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=80)
+  targets = tokens[:, :9]
+  jax.eval_shape(EncoderDecoder(cfg).init, jax.random.key(0), tokens, targets)
+  # Encoder self-attention (query and key padding), decoder self-attention, cross-attention.
+  assert calls == [((2, 1, 12, 12), False), (None, True), ((2, 1, 1, 12), False)], calls
+  calls.clear()
+  jax.eval_shape(Bert(bert_config(**TINY, num_encoder_layers=1)).init, jax.random.key(0), tokens)
+  assert calls == [((2, 1, 1, 12), False)], calls
 
 
 def test_sown_attention_weights_are_causal_and_normalised():

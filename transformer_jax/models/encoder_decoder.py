@@ -11,7 +11,7 @@ model (Pre-RMSNorm, relative bias, gated GELU, no biases).
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.attention import make_causal_mask, make_padding_mask
+from transformer_jax.attention import make_padding_mask
 from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.dense import DenseGeneral
 from transformer_jax.embedding import Embed
@@ -65,15 +65,17 @@ class EncoderDecoder(nn.Module):
     training loss projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`,
     a slice at a time when the table is cache-sized).
 
-    Training passes the whole shifted target; decode mode passes one token a call. Only the
-    causal mask is needed on the decoder side: targets are right-padded, so a real query
-    never sees a padded key, and padded queries carry no loss.
+    Training passes the whole shifted target; decode mode passes one token a call. Only
+    causality is needed on the decoder side: targets are right-padded, so a real query never
+    sees a padded key, and padded queries carry no loss. The decoder's self-attention is causal
+    by construction (no [T, T] mask is passed: the attention kernels apply causality
+    themselves, and in decode mode the KV cache's mask does); the cross-attention hides padded
+    source tokens.
     """
     positions = self.decoder_positions(decoder_tokens.shape[1])
-    self_mask = None if self.cfg.decode else make_causal_mask(decoder_tokens.shape[1])
     cross_mask = (inputs != PAD_ID)[:, None, None, :]
     y = self.decoder_input(decoder_tokens, positions, deterministic=deterministic)
-    y = self.decoder(y, encoded, self_mask=self_mask, cross_mask=cross_mask, positions=positions,
+    y = self.decoder(y, encoded, cross_mask=cross_mask, positions=positions,
                      deterministic=deterministic)
     if features_only:
       return y, self.output_embedding()

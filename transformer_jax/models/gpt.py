@@ -12,7 +12,6 @@ no biases): see `gpt2_config` and `llama_config`.
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.attention import make_causal_mask
 from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.dense import DenseGeneral
 from transformer_jax.embedding import Embed
@@ -64,10 +63,11 @@ class GPT(nn.Module):
     """Logits [B, T, V]; with `features_only`, (final features [B, T, D], `output_embedding()`)
     for a loss that projects them itself (`losses.projected_cross_entropy_sums`)."""
     positions = self.positions(tokens.shape[1])
-    # In decode mode the attention's cache mask provides causality (over the whole cache).
-    mask = None if self.cfg.decode else make_causal_mask(tokens.shape[1])
+    # No [T, T] mask: the stack's attention is causal by construction (the kernels apply
+    # causality themselves and may skip hidden blocks; a mask would reach a flash kernel as a
+    # score-sized bias). In decode mode the KV cache's mask provides it.
     x = self.input_embedding(tokens, positions, deterministic=deterministic)
-    x = self.stack(x, self_mask=mask, positions=positions, deterministic=deterministic)
+    x = self.stack(x, positions=positions, deterministic=deterministic)
     if features_only:
       return x, self.output_embedding()
     logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
