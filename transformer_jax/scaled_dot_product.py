@@ -201,15 +201,42 @@ def _fused_attention(q, k, v, mask, bias, causal, dtype, implementation):
 _PALLAS_TILE = 128  # the Pallas kernel's default tile along both sequences (and its lane width)
 
 
+def _pallas_bias_and_key_segments(mask, bias, shape):
+  """What the Pallas kernel takes for `mask` and `bias` at its tile-padded lengths: an additive
+  bias [B, H, T', S'] (or None) and key segment ids [B, S'] (1 = a key to attend to, or None).
+
+  Key padding (a mask [B or 1, 1, 1, S], as BERT and cross-attention pass) and the keys added
+  to fill the last tile become segment ids, checked inside the kernel: nothing [T, S]-sized is
+  built for them. Any other mask is folded into the bias (correct, but it materialises
+  [B, H, T, S]).
+  """
+  b, h, t, s = shape
+  t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
+  key_valid = None  # [B, S]: the mask, when it only hides keys
+  if mask is not None and mask.shape[1:3] == (1, 1):
+    key_valid, mask = jnp.broadcast_to(mask[:, 0, 0, :], (b, s)), None
+  ab = None
+  if bias is not None or mask is not None:
+    ab = jnp.zeros(shape, jnp.float32)
+    if bias is not None:
+      ab = ab + bias.astype(jnp.float32)
+    if mask is not None:
+      ab = jnp.where(mask, ab, -0.7 * float(jnp.finfo(jnp.float32).max))
+    ab = jnp.pad(ab, ((0, 0), (0, 0), (0, t_pad), (0, s_pad)))
+  key_segments = None
+  if key_valid is not None or s_pad:
+    key_valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid
+    key_segments = jnp.pad(key_valid.astype(jnp.int32), ((0, 0), (0, s_pad)))
+  return ab, key_segments
+
+
 def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   """TPU: the Pallas flash-attention kernel.
 
-  Masks go where the kernel wants them. Key padding (a mask [B or 1, 1, 1, S], as BERT and
-  cross-attention pass) becomes segment ids, checked inside the kernel, so nothing [T, S]-sized
-  is built. The kernel tiles both sequences by 128, so other lengths are padded up to a
-  multiple: the padded keys are hidden the same way, padded query rows are dropped. Any other
-  mask becomes an additive bias (correct, but it materialises [B, H, T, S]); causality stays
-  inside the kernel. The kernel scales the scores after adding its bias, so q is scaled here.
+  The kernel tiles both sequences by 128, so other lengths are padded up to a multiple (the
+  padded keys hidden by segment ids, the padded query rows dropped); masks and bias as
+  `_pallas_bias_and_key_segments` says; causality stays inside the kernel. The kernel scales
+  the scores after adding its bias, so q is scaled here instead.
   """
   # Imported here: the module needs a TPU-enabled jaxlib and is never used elsewhere.
   # pylint: disable-next=g-import-not-at-top
@@ -219,26 +246,11 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   groups = h // k.shape[2]
   if groups > 1:  # the kernel wants as many key/value heads as query heads
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-  t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
   mask = as_4d(mask)
-  key_valid = None  # [B, S]: the mask, when it only hides keys
-  if mask is not None and mask.shape[1:3] == (1, 1):
-    key_valid = jnp.broadcast_to(mask[:, 0, 0, :], (b, s))
-  ab = None
-  if bias is not None or (mask is not None and key_valid is None):
-    ab = jnp.zeros((b, h, t, s), jnp.float32)
-    if bias is not None:
-      ab = ab + bias.astype(jnp.float32)
-    if mask is not None and key_valid is None:
-      ab = jnp.where(mask, ab, -0.7 * float(jnp.finfo(jnp.float32).max))
-    ab = jnp.pad(ab, ((0, 0), (0, 0), (0, t_pad), (0, s_pad)))
-  segment_ids = None
-  if key_valid is not None or s_pad:  # segment 1: real keys; 0: hidden ones
-    if key_valid is None:
-      key_valid = jnp.ones((b, s), jnp.bool_)
-    segment_ids = pallas_flash.SegmentIds(
-        q=jnp.ones((b, t + t_pad), jnp.int32),
-        kv=jnp.pad(key_valid.astype(jnp.int32), ((0, 0), (0, s_pad))))
+  ab, key_segments = _pallas_bias_and_key_segments(mask, bias, (b, h, t, s))
+  t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
+  segment_ids = None if key_segments is None else pallas_flash.SegmentIds(
+      q=jnp.ones((b, t + t_pad), jnp.int32), kv=key_segments)
   to_bhtd = lambda x, pad: jnp.swapaxes(
       jnp.pad(x.astype(dtype), ((0, 0), (0, pad), (0, 0), (0, 0))), 1, 2)
   out = pallas_flash.flash_attention(to_bhtd(q * d ** -0.5, t_pad), to_bhtd(k, s_pad),
