@@ -50,7 +50,6 @@ def output_and_gradients(implementation, q, k, v, bias, mask, causal):
     (10, 10, 1, True, 'both', False),  # GPT-like: causal, padded, shorter than one tile
     (7, 11, 2, False, 'both', True),  # cross-attention with padding and a bias (T5)
     (9, 9, 2, False, 'keys', False),  # BERT-like: only keys hidden
-    (128, 128, 1, True, None, False),  # exactly one tile: nothing padded; multi-query
 ])
 def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, causal, padding,
                                                              use_bias):
@@ -78,13 +77,12 @@ def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(mo
     return kernel(*args, **kwargs)
 
   monkeypatch.setattr(pallas_flash, 'flash_attention', recording_kernel)
-  q, k, v, _, _ = inputs(5, 9, 2, None, False)
-  mask = jnp.stack([jnp.arange(9) < 6, jnp.zeros(9, bool)])[:, None, None, :]
+  q, k, v, _, _ = inputs(5, 128, 2, None, False)  # exactly one key tile: no keys added
+  mask = jnp.stack([jnp.arange(128) < 100, jnp.zeros(128, bool)])[:, None, None, :]
   with pltpu.force_tpu_interpret_mode():
     out = attention.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
   assert calls[0]['ab'] is None
-  np.testing.assert_array_equal(calls[0]['segment_ids'].kv, np.stack([np.arange(128) < 6,
-                                                                      np.zeros(128, bool)]))
+  np.testing.assert_array_equal(calls[0]['segment_ids'].kv, mask[:, 0, 0, :])
   np.testing.assert_allclose(out, attention.dot_product_attention(
       q, k, v, mask=mask, implementation='reference'), rtol=RTOL, atol=ATOL)
   np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
