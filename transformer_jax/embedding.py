@@ -6,6 +6,12 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
+def whole_rows(table: jnp.ndarray) -> jnp.ndarray:
+  """A [vocab, features] table constrained to whole feature rows (only 'vocab' may stay split),
+  for row lookups and row scatter-adds (`Embed.__call__` says why)."""
+  return nn.with_logical_constraint(table, ('vocab', None))
+
+
 class Embed(nn.Module):
   """A (vocab, embed) table: `__call__` looks tokens up, `attend` scores vectors against it."""
   num_embeddings: int
@@ -29,8 +35,7 @@ class Embed(nn.Module):
     # split on its features, and XLA cannot move that split to the batch axis of the
     # activations without replicating the whole result (its 'involuntary full
     # rematerialization' warning on data x fsdp x tensor meshes).
-    table = nn.with_logical_constraint(self.embedding, ('vocab', None))
-    return jnp.take(table, tokens, axis=0).astype(self.dtype)
+    return jnp.take(whole_rows(self.embedding), tokens, axis=0).astype(self.dtype)
 
   def attend(self, x: jnp.ndarray) -> jnp.ndarray:
     """Logits x @ E^T over the vocabulary, as one 2-D matmul."""

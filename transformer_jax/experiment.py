@@ -174,10 +174,12 @@ def check_mesh(config, global_batch: int | None = None):
 
 def attention_kernel_unavailable(config) -> str | None:
   """Why config.model.attention_implementation (a fused kernel) can't run here, or None."""
+  # pylint: disable-next=g-import-not-at-top
+  from transformer_jax.scaled_dot_product import KERNEL_BACKENDS
   implementation = config.get('model', {}).get('attention_implementation', 'auto')
-  needs = {'cudnn': 'gpu', 'pallas': 'tpu'}.get(implementation)
+  needs = KERNEL_BACKENDS.get(implementation)
   if needs is None:
-    return None  # (asks for no backend, so jax is not started here)
+    return None  # (asks for no backend, so jax's backend is not started here)
   import jax  # pylint: disable=g-import-not-at-top
   if jax.default_backend() == needs:
     return None

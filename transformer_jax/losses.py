@@ -3,11 +3,12 @@
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from transformer_jax.embedding import whole_rows
 
 
 def _is_top(scores, target_score):
@@ -172,10 +173,7 @@ def _projected_bwd(label_smoothing, steps, residuals, cotangents):
   w = weights[..., None]
   weighted_features = (w * features.astype(jnp.float32)).reshape(-1, dim)
   embedding32 = embedding.astype(jnp.float32)
-  # The row lookup and the row scatter-add on whole feature rows (as in `Embed.__call__`: a
-  # table split over 'fsdp' would put that split on the features of the batch-split rows, which
-  # XLA can only do by replicating them).
-  whole_rows = lambda table: nn.with_logical_constraint(table, ('vocab', None))
+  # The row lookup and the row scatter-add on whole feature rows (`Embed.__call__` says why).
   target_rows = jnp.take(whole_rows(embedding32), targets, axis=0)
   d_features = (a * probs_embedding - b * w * target_rows
                 - c * w * jnp.sum(embedding32, axis=0))

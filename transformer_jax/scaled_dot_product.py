@@ -201,7 +201,7 @@ def _fused_attention(q, k, v, mask, bias, causal, dtype, implementation):
 _PALLAS_TILE = 128  # the Pallas kernel's default tile along both sequences (and its lane width)
 
 
-def _pallas_bias_and_key_segments(mask, bias, shape):
+def _pallas_bias_and_key_segments(mask, bias, shape, t_pad, s_pad):
   """What the Pallas kernel takes for `mask` and `bias` at its tile-padded lengths: an additive
   bias [B, H, T', S'] (or None) and key segment ids [B, S'] (1 = a key to attend to, or None).
 
@@ -211,7 +211,6 @@ def _pallas_bias_and_key_segments(mask, bias, shape):
   [B, H, T, S]).
   """
   b, h, t, s = shape
-  t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
   key_valid = None  # [B, S]: the mask, when it only hides keys
   if mask is not None and mask.shape[1:3] == (1, 1):
     key_valid, mask = jnp.broadcast_to(mask[:, 0, 0, :], (b, s)), None
@@ -247,8 +246,8 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   if groups > 1:  # the kernel wants as many key/value heads as query heads
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
   mask = as_4d(mask)
-  ab, key_segments = _pallas_bias_and_key_segments(mask, bias, (b, h, t, s))
   t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
+  ab, key_segments = _pallas_bias_and_key_segments(mask, bias, (b, h, t, s), t_pad, s_pad)
   segment_ids = None if key_segments is None else pallas_flash.SegmentIds(
       q=jnp.ones((b, t + t_pad), jnp.int32), kv=key_segments)
   to_bhtd = lambda x, pad: jnp.swapaxes(
@@ -262,6 +261,10 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   return _zero_fully_masked_rows(out, mask)
 
 
+# The fused kernels and the one backend each runs on ('auto' picks the one of its backend).
+KERNEL_BACKENDS = {'cudnn': 'gpu', 'pallas': 'tpu'}
+
+
 def auto_implementation(dropout: bool = False) -> str:
   """The attention implementation 'auto' resolves to on the current backend.
 
@@ -270,10 +273,8 @@ def auto_implementation(dropout: bool = False) -> str:
   shapes/dtype, e.g. float32). TPU: the Pallas flash kernel. The fused kernels have no attention
   dropout, so with dropout on the chunked path is used.
   """
-  backend = jax.default_backend()
-  if dropout or backend not in ('gpu', 'tpu'):
-    return 'chunked'
-  return 'cudnn' if backend == 'gpu' else 'pallas'
+  kernels = {backend: kernel for kernel, backend in KERNEL_BACKENDS.items()}
+  return 'chunked' if dropout else kernels.get(jax.default_backend(), 'chunked')
 
 
 def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dropout_rate=0.0,
