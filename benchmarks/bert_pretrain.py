@@ -14,10 +14,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
@@ -37,8 +37,8 @@ _TASK = flags.DEFINE_enum('sentence_task', 'nsp', ['nsp', 'sop', 'none'], 'Sente
 def main(argv):
   del argv
   from experiments.configs import bert_pretrain_small
-  from transformer_jax import experiment
-  from transformer_jax.runs import bert
+  from transformer_jax.cli.workdir import prepare_workdir
+  from transformer_jax.workflows import bert
 
   config = bert_pretrain_small.get_config()
   root = _DATA.value
@@ -49,7 +49,7 @@ def main(argv):
   config.optimizer.warmup_steps = max(1, _STEPS.value // 20)
   config.train.eval_every = max(_STEPS.value // 3, 1)
   config.train.max_minutes = _BUDGET.value
-  workdir = experiment.prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='bert_pt_'))
+  workdir = prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='bert_pt_'))
   logging.info('workdir %s, config:\n%s', workdir, config)
   start = time.time()
   results = bert.pretrain(config, workdir)

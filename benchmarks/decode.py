@@ -30,10 +30,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import functools
@@ -80,8 +80,8 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
   import jax.numpy as jnp
   from jax import lax
 
-  from transformer_jax import decoding
-  from transformer_jax.blocks import empty_cache
+  from transformer_jax.inference import search
+  from transformer_jax.layers.blocks import empty_cache
   from transformer_jax.models.gpt import GPT, gpt2_config
 
   total = prompt_len + new
@@ -92,7 +92,7 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
       jax.random.key(0))['params']
   prompt = jax.random.randint(jax.random.key(1), (batch_size, prompt_len), 0, cfg.vocab_size)
 
-  @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
+  @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
   def cached(params, prompt):  # prefill + `new` cached greedy steps
     cache = empty_cache(decoder, jnp.zeros((batch_size, total - 1), jnp.int32))
     _, state = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
@@ -102,7 +102,7 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
       logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
                                       mutable=['cache'])
       return logits[:, -1], updated['cache']
-    return decoding.sample(tokens_to_logits, state['cache'], jax.random.key(0),
+    return search.sample(tokens_to_logits, state['cache'], jax.random.key(0),
                            first_tokens=prompt[:, -1], max_len=new, temperature=0.0)
 
   @jax.jit
@@ -131,8 +131,8 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
   import jax
   import jax.numpy as jnp
 
-  from transformer_jax import decoding
-  from transformer_jax.blocks import empty_cache
+  from transformer_jax.inference import search
+  from transformer_jax.layers.blocks import empty_cache
   from transformer_jax.model_config import TransformerConfig
   from transformer_jax.models.encoder_decoder import EncoderDecoder
 
@@ -146,9 +146,9 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
 
   def search(params, inputs, tokens_to_logits_fn, cache):
     encoded = model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
-    encoded_b = decoding.expand_to_beams(encoded, beam)
-    inputs_b = decoding.expand_to_beams(inputs, beam)
-    sequences, _ = decoding.beam_search(
+    encoded_b = search.expand_to_beams(encoded, beam)
+    inputs_b = search.expand_to_beams(inputs, beam)
+    sequences, _ = search.beam_search(
         lambda tokens, cache: tokens_to_logits_fn(params, encoded_b, inputs_b, tokens, cache),
         cache, batch_size=batch_size, beam_size=beam, max_len=target_len, alpha=0.6,
         eos_id=NO_EOS)
@@ -168,7 +168,7 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
     last = jax.lax.dynamic_index_in_dim(logits, cache['step'], axis=1, keepdims=False)
     return last, {'history': history, 'step': cache['step'] + 1}
 
-  @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
+  @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
   def cached(params, inputs):
     cache = empty_cache(decoder, inputs, jnp.zeros((batch_size, target_len), jnp.int32))
     return search(params, inputs, cached_logits, cache)
@@ -226,7 +226,7 @@ def context_part() -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from transformer_jax import decoding
+  from transformer_jax.inference import search
   from transformer_jax.models.gpt import GPT, gpt2_config
 
   contexts = [int(c) for c in _CONTEXTS.value]
@@ -252,13 +252,13 @@ def context_part() -> dict:
                                  mutable=['cache'])
       return updated['cache']
 
-    @functools.partial(jax.jit, compiler_options=decoding.decode_compiler_options())
+    @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
     def cached_steps(params, cache, first):
       def tokens_to_logits(tokens, cache):
         logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
                                         mutable=['cache'])
         return logits[:, -1], updated['cache']
-      return decoding.sample(tokens_to_logits, cache, jax.random.key(0), first_tokens=first,
+      return search.sample(tokens_to_logits, cache, jax.random.key(0), first_tokens=first,
                              max_len=new, temperature=0.0)
 
     @jax.jit
@@ -275,8 +275,8 @@ def context_part() -> dict:
       recompute = fastest(lambda: recompute_step(params, prompt), repeats)
       # What a step must read at the least: every weight once, and the keys and values of the
       # tokens so far (the mean context over the timed steps).
-      cache_bytes = 2 * cfg.num_decoder_layers * (context + new / 2) * cfg.kv_heads * \
-          cfg.qkv_dim * 4
+      cache_bytes = 2 * cfg.num_decoder_layers * (context + new / 2) * cfg.num_kv_heads * \
+          cfg.head_dim * 4
       results[context] = (cached, recompute, param_bytes + cache_bytes)
       logging.info('%s context %5d: cached %.3f ms/token (CPU %.3f), recompute %.3f ms/token '
                    '(CPU %.3f): %.1fx; least bytes per token %.1f MB', name, context,

@@ -5,7 +5,7 @@ r"""Where a train step's time goes: every matmul of the compiled step, timed on 
 
 Compiles the real train step of a `benchmarks/train_step.py` config (the trainer's jit, same
 flags: --dtype, --batch_size, --scan_layers), times the step, then reads every `dot` out of the
-optimised HLO (`transformer_jax.hlo_text.dots`) and times each distinct one alone as a jitted
+optimised HLO (`tools.hlo_text.dots`) and times each distinct one alone as a jitted
 `lax.dot_general` of the same shapes and dimension numbers. Printed per distinct dot: the time
 it accounts for (count x time alone), its GFLOP/s, shapes and the JAX op it came from; then the
 share of the step the dots would take at those speeds. What that share leaves is everything else
@@ -22,10 +22,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()  # before jax allocates anything
+  process.setup_allocator()  # before jax allocates anything
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
@@ -64,7 +64,8 @@ def _time_dot(key: tuple, dtype) -> tuple[float, float]:
 def main(argv):
   del argv
   import jax
-  from transformer_jax import hlo_text, sharding
+  from tools import hlo_text
+  from transformer_jax.parallel import sharding
   from transformer_jax.model_config import DTYPES
 
   spec = bench._spec(_CONFIG.value)
@@ -107,7 +108,7 @@ def main(argv):
                     'dtype': bench._DTYPE.value, 'step_ms': 1000 * step_s,
                     'dots_alone_ms': dots_ms, 'batched_dots_alone_ms': batched_ms,
                     'dots': rows, 'jax_version': jax.__version__,
-                    'allocator': runtime.allocator_description()}))
+                    'allocator': process.allocator_description()}))
 
 
 if __name__ == '__main__':

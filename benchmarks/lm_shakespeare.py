@@ -14,10 +14,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
@@ -45,21 +45,21 @@ def steady_tokens_per_s(workdir: str) -> float:
 def main(argv):
   del argv
   from experiments.configs import shakespeare_char
-  from transformer_jax import experiment
+  from transformer_jax.cli.workdir import prepare_workdir, save_config
   from transformer_jax.data import lm as lm_data
-  from transformer_jax.runs import lm
+  from transformer_jax.workflows import lm
 
   config = shakespeare_char.get_config()
   config.data.path = _DATA_PATH.value
   if _NUM_STEPS.value:
     config.train.num_steps = _NUM_STEPS.value
-  workdir = experiment.prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='lm_sc_'))
+  workdir = prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='lm_sc_'))
   logging.info('workdir %s, config:\n%s', workdir, config)
 
   start = time.time()
   train_docs, valid_docs = lm.load_documents(config)
   task, trainer, tokenizer = lm.build(config, workdir, train_docs)
-  experiment.save_config(config, workdir)
+  save_config(config, workdir)
   train_tokens, valid_tokens = lm.encode(tokenizer, train_docs), lm.encode(tokenizer, valid_docs)
   train_data, valid_batches = lm.make_data(config, train_tokens, valid_tokens)
   results = trainer.fit(train_data, lambda: iter(valid_batches))
@@ -81,7 +81,7 @@ def main(argv):
       'total_minutes': round((time.time() - start) / 60, 2),
       'tokens_per_s': round(steady_tokens_per_s(workdir)),
       'tokens_per_s_overall': round(results['tokens_per_s']), 'params': trainer.num_params(),
-      'target_val_loss': 1.88, 'allocator': runtime.allocator_description().split(' ')[0],
+      'target_val_loss': 1.88, 'allocator': process.allocator_description().split(' ')[0],
       'workdir': workdir,
   }
   trainer.close()
@@ -89,5 +89,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from transformer_jax import experiment as _experiment
-  app.run(lambda argv: _experiment.run(main, argv))
+  from transformer_jax.cli import entrypoint
+  app.run(lambda argv: entrypoint.run(main, argv))

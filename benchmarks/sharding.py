@@ -30,10 +30,10 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs.common import base_config
-from transformer_jax import sharding
+from transformer_jax.parallel import sharding
 from transformer_jax.models.gpt import gpt2_config
 from transformer_jax.tasks.lm import LanguageModelTask
-from transformer_jax.trainer import Trainer
+from transformer_jax.training.trainer import Trainer
 
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per layout (after one compile step).')
 _LAYERS = flags.DEFINE_integer('layers', 4, 'GPT layers.')

@@ -13,10 +13,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
@@ -35,8 +35,8 @@ _LR = flags.DEFINE_float('learning_rate', 0.0, 'Peak learning rate (0 = the conf
 def main(argv):
   del argv
   from experiments.configs import sst2_minilm
-  from transformer_jax import experiment
-  from transformer_jax.runs import bert
+  from transformer_jax.cli.workdir import prepare_workdir
+  from transformer_jax.workflows import bert
 
   config = sst2_minilm.get_config()
   config.data.dir = _DATA_DIR.value
@@ -48,7 +48,7 @@ def main(argv):
     config.optimizer.learning_rate = _LR.value
   config.train.max_minutes = _BUDGET.value
   config.train.eval_every = max(config.train.num_steps // 4, 1)
-  workdir = experiment.prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='sst2_'))
+  workdir = prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='sst2_'))
   logging.info('workdir %s, config:\n%s', workdir, config)
   start = time.time()
   results = bert.finetune(config, workdir)

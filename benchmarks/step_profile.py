@@ -6,7 +6,7 @@ r"""Where a train step's time goes, from a profiler trace: every compiled instru
 
 Compiles the real train step of a `benchmarks/train_step.py` config (the trainer's jit, same
 flags), runs 3 steps under `jax.profiler.trace`, and maps the trace's events to the optimised
-HLO (`transformer_jax.hlo_text`): per instruction its time per step, kind and the JAX op it came
+HLO (`tools.hlo_text`): per instruction its time per step, kind and the JAX op it came
 from. Printed: a summary by part of the model (matmuls forward / backward, attention, the
 optimizer update, embeddings, the rest) and the N most expensive instructions. Complements
 `dot_budget.py`, which times each matmul alone: this sees everything else too (normalisation,
@@ -30,10 +30,10 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()  # before jax allocates anything
+  process.setup_allocator()  # before jax allocates anything
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags
@@ -64,7 +64,8 @@ def part_of_model(instruction: dict, calls_dot: bool) -> str:
 def main(argv):
   del argv
   import jax
-  from transformer_jax import hlo_text, sharding
+  from tools import hlo_text
+  from transformer_jax.parallel import sharding
 
   spec = bench._spec(_CONFIG.value)
   training = bench.build_jax_training(spec, seed=0)
@@ -120,7 +121,7 @@ def main(argv):
   print(json.dumps({'benchmark': 'step_profile', 'config': _CONFIG.value, 'spec': spec,
                     'instructions_ms': total_ms, 'parts_ms': dict(parts),
                     'top': listed, 'jax_version': jax.__version__,
-                    'allocator': runtime.allocator_description()}))
+                    'allocator': process.allocator_description()}))
 
 
 if __name__ == '__main__':

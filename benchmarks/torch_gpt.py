@@ -118,7 +118,7 @@ class TorchGPT(nn.Module):
 
 def make_optimizer(model: nn.Module, lr: float = 3e-4, weight_decay: float = 0.1
                    ) -> torch.optim.Optimizer:
-  """AdamW, decaying matrices only (as transformer_jax.optim does); multi-tensor on CPU too."""
+  """AdamW, decaying matrices only (as transformer_jax.training.optimizer does); multi-tensor on CPU too."""
   decay = [p for p in model.parameters() if p.dim() >= 2]
   no_decay = [p for p in model.parameters() if p.dim() < 2]
   return torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay},

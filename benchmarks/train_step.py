@@ -41,10 +41,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()  # before jax (or torch) allocates anything
+  process.setup_allocator()  # before jax (or torch) allocates anything
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib.util
@@ -208,9 +208,9 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   import jax
   import jax.numpy as jnp
   import ml_collections
-  from transformer_jax import sharding
-  from transformer_jax.optim import make_optimizer
-  from transformer_jax.trainer import TrainState, make_train_step
+  from transformer_jax.parallel import sharding
+  from transformer_jax.training.optimizer import make_optimizer
+  from transformer_jax.training.trainer import TrainState, make_train_step
 
   task, loss_impl = _jax_task(spec)
   # The trainer's optimizer (clip 1.0 + AdamW on matrices), as torch_gpt.make_optimizer.
@@ -242,7 +242,7 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
 
 def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   import jax
-  from transformer_jax import sharding
+  from transformer_jax.parallel import sharding
 
   training = build_jax_training(spec, seed)
 
@@ -311,7 +311,7 @@ class _LocalLMTask:
 
   def loss_fn(self, params, batch, rng, deterministic):
     import jax.numpy as jnp
-    from transformer_jax.losses import cross_entropy_sums
+    from transformer_jax.layers.losses import cross_entropy_sums
     rngs = None if deterministic else {'dropout': rng}
     logits = self.model.apply({'params': params}, batch['inputs'], deterministic=deterministic,
                               rngs=rngs)
@@ -387,7 +387,7 @@ def run_variant(variant: str, warmup: int, timed: int, seed: int) -> dict:
                 warmup_steps=warmup, timed_steps=timed, ms_per_step=1000.0 * seconds,
                 tokens_per_s=tokens / seconds, model_flops_per_step=flops_per_step,
                 model_flops_per_s=flops_per_step / seconds, dtype=_DTYPE.value,
-                allocator=runtime.allocator_description())
+                allocator=process.allocator_description())
   if result.get('peak_bf16_flops_per_s'):
     result['mfu'] = result['model_flops_per_s'] / result['peak_bf16_flops_per_s']
   return result
@@ -488,7 +488,7 @@ def main(argv):
   with_torch = (_TORCH.value and _DTYPE.value == 'float32'
                 and importlib.util.find_spec('torch') is not None)
   frameworks = ['jax'] + (['torch'] if with_torch else [])
-  print(f'allocator: {runtime.allocator_description()}')
+  print(f'allocator: {process.allocator_description()}')
   print(f'PyTorch baseline: {"yes" if with_torch else "no (torch not installed or --notorch)"}; '
         f'model FLOPs: {FLOPS_FORMULA}')
   runs = {name: {f: [] for f in frameworks} for name in _CONFIGS.value}
@@ -509,7 +509,7 @@ def main(argv):
     _print_summary(name, s)
   print(json.dumps({
       'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
-      'allocator': runtime.allocator_description(), 'flops_formula': FLOPS_FORMULA,
+      'allocator': process.allocator_description(), 'flops_formula': FLOPS_FORMULA,
       'precision': _DTYPE.value, 'dropout': 0.0, 'torch_baseline': with_torch,
       'scan_layers': _SCAN.value,
       'wall_seconds': time.time() - start, 'configs': summaries}))

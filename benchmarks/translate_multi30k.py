@@ -21,10 +21,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax import runtime  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gzip
@@ -67,9 +67,9 @@ def apply_override(config, assignment: str):
 def main(argv):
   del argv
   import sacrebleu
-  from transformer_jax.runs import translation as translate
+  from transformer_jax.workflows import translation as translate
   from experiments.configs import multi30k
-  from transformer_jax import experiment
+  from transformer_jax.cli.workdir import prepare_workdir
 
   config = multi30k.get_config()
   config.data.dir = _DATA_DIR.value
@@ -82,7 +82,7 @@ def main(argv):
     config.data.train_prefix, config.data.valid_prefix = 'train.lc.norm.tok', 'val.lc.norm.tok'
   for assignment in _OVERRIDES.value:
     apply_override(config, assignment)
-  workdir = experiment.prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='m30k_'))
+  workdir = prepare_workdir(_WORKDIR.value or tempfile.mkdtemp(prefix='m30k_'))
   logging.info('workdir %s, config:\n%s', workdir, config)
 
   start = time.time()
@@ -94,8 +94,8 @@ def main(argv):
   task, trainer, _ = translate.build(config, workdir)
   params = trainer.restore_params()
   if results.get('averaged'):
-    from transformer_jax.checkpointing import average_params
-    steps = sorted(trainer.checkpointer.manager.all_steps())[-config.eval.average_last:]
+    from transformer_jax.training.checkpointing import average_params
+    steps = trainer.checkpointer.all_steps()[-config.eval.average_last:]
     params = average_params(trainer.checkpointer, trainer.abstract_state, steps)
 
   valid_by_alpha = {}
@@ -140,12 +140,12 @@ def main(argv):
       'train_tokens_per_s': round(results['tokens_per_s']),
       'params': trainer.num_params(), 'steps': results['step'],
       'minutes': round(train_minutes, 2), 'total_minutes': round((time.time() - start) / 60, 2),
-      'allocator': runtime.allocator_description().split(' ')[0], 'workdir': workdir,
+      'allocator': process.allocator_description().split(' ')[0], 'workdir': workdir,
   }
   trainer.close()
   print(json.dumps(out))
 
 
 if __name__ == '__main__':
-  from transformer_jax import experiment as _experiment
-  app.run(lambda argv: _experiment.run(main, argv))
+  from transformer_jax.cli import entrypoint
+  app.run(lambda argv: entrypoint.run(main, argv))

@@ -13,18 +13,19 @@ The mode comes from the config (config.mode) unless --mode overrides it. Rerunni
 command resumes from the latest checkpoint in the workdir.
 """
 
-from transformer_jax import runtime
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import experiment
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import prepare_workdir
 from transformer_jax.errors import ConfigError
-from transformer_jax.runs import bert
+from transformer_jax.workflows import bert
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -35,14 +36,14 @@ _MODE = flags.DEFINE_enum('mode', None, list(bert.MODES), 'Overrides config.mode
 def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {argv[1:]}; options are --flag=value')
-  logging.info('allocator: %s', runtime.allocator_description())
+  logging.info('allocator: %s', process.allocator_description())
   if _CONFIG.value is None:
     raise ConfigError('--config is required, e.g. --config=experiments/configs/sst2_minilm.py')
-  workdir = experiment.prepare_workdir(_WORKDIR.value)
+  workdir = prepare_workdir(_WORKDIR.value)
   results = bert.run(_CONFIG.value, workdir, _MODE.value or '')
   logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
                             for k, v in results.items()})
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: experiment.run(main, argv), flags_parser=experiment.parse_flags)
+  app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)

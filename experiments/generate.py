@@ -7,10 +7,10 @@ Loads the workdir's config, tokenizer and latest checkpoint and prints prompt + 
 on stdout (logs go to stderr). The same --seed gives the same text; --temperature=0 is greedy.
 """
 
-from transformer_jax import runtime
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
@@ -18,7 +18,8 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import experiment
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A workdir trained by experiments.lm.')
@@ -41,14 +42,14 @@ def main(argv):
   import jax
   import numpy as np
   from transformer_jax.data import lm as lm_data
-  from transformer_jax.runs import lm
+  from transformer_jax.workflows import lm
 
   if not _WORKDIR.value:
     raise ConfigError('--workdir is required: a directory trained by experiments.lm')
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   if not os.path.isdir(workdir):  # do not create it: there is nothing to sample from
     raise ConfigError(f'--workdir {workdir} does not exist: train it with experiments.lm first')
-  config = experiment.load_saved_config(workdir)
+  config = load_saved_config(workdir)
   task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
   prompt = lm_data.prompt_ids(tokenizer, _PROMPT.value)
   tokens = task.generate(params, np.asarray([prompt] * _NUM_SAMPLES.value, np.int32),
@@ -64,4 +65,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: experiment.run(main, argv), flags_parser=experiment.parse_flags)
+  app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)

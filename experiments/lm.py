@@ -10,18 +10,19 @@ Rerunning the command resumes from the latest checkpoint in the workdir. Samples
 model are written to the log and TensorBoard (tag 'samples') at every evaluation.
 """
 
-from transformer_jax import runtime
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import experiment
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import prepare_workdir
 from transformer_jax.errors import ConfigError
-from transformer_jax.runs import lm
+from transformer_jax.workflows import lm
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -31,14 +32,14 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, toke
 def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {argv[1:]}; options are --flag=value')
-  logging.info('allocator: %s', runtime.allocator_description())
+  logging.info('allocator: %s', process.allocator_description())
   if _CONFIG.value is None:
     raise ConfigError('--config is required, e.g. --config=experiments/configs/shakespeare_char.py')
-  workdir = experiment.prepare_workdir(_WORKDIR.value)
+  workdir = prepare_workdir(_WORKDIR.value)
   results = lm.train_and_evaluate(_CONFIG.value, workdir)
   logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
                             for k, v in results.items()})
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: experiment.run(main, argv), flags_parser=experiment.parse_flags)
+  app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)

@@ -17,10 +17,10 @@ r"""Train, evaluate and use an encoder-decoder Transformer for translation.
 Rerunning the train command resumes from the latest checkpoint in the workdir.
 """
 
-from transformer_jax import runtime
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
-  runtime.setup_allocator()
+  process.setup_allocator()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
@@ -28,9 +28,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import experiment
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import load_saved_config, prepare_workdir
 from transformer_jax.errors import ConfigError
-from transformer_jax.runs import translation
+from transformer_jax.workflows import translation
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -57,14 +58,14 @@ def translate_text(config, workdir: str):
 def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {argv[1:]}; options are --flag=value')
-  logging.info('allocator: %s', runtime.allocator_description())
-  workdir = experiment.prepare_workdir(_WORKDIR.value)
+  logging.info('allocator: %s', process.allocator_description())
+  workdir = prepare_workdir(_WORKDIR.value)
   config = _CONFIG.value
   if config is None:  # inference modes may rely on the workdir's saved config
     if _MODE.value == 'train':
       raise ConfigError('--config is required for training, e.g. '
                         '--config=experiments/configs/translate_quickstart.py')
-    config = experiment.load_saved_config(workdir)
+    config = load_saved_config(workdir)
   if _MODE.value == 'train':
     results = translation.train_and_evaluate(config, workdir)
     logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
@@ -80,4 +81,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: experiment.run(main, argv), flags_parser=experiment.parse_flags)
+  app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)

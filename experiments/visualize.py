@@ -21,7 +21,8 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer_jax import experiment
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A workdir trained by experiments.translate, '
@@ -55,12 +56,12 @@ def bert_attention(config, workdir: str, text: str):
   """A BERT workdir (pretrained or fine-tuned) reading [CLS] text [SEP]."""
   from transformer_jax import visualize
   from transformer_jax.models.bert import Bert
-  from transformer_jax.runs import bert
+  from transformer_jax.workflows import bert
   if config.mode == 'pretrain':
     cfg, params, tokenizer = bert.restore_pretrained(workdir)
   else:  # fine-tuned: the pretrained model's config and tokenizer, this workdir's params
     from transformer_jax.tasks.bert import BertClassificationTask
-    from transformer_jax.trainer import Trainer
+    from transformer_jax.training.trainer import Trainer
     cfg, _, tokenizer, type_vocab_size = bert.load_init(config)
     task = BertClassificationTask(cfg, int(config.data.num_labels),
                                   type_vocab_size=type_vocab_size)
@@ -81,7 +82,7 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
   from transformer_jax import visualize
   kind = workdir_kind(config)
   if kind == 'translation':
-    from transformer_jax.runs import translation
+    from transformer_jax.workflows import translation
     task, trainer, params = translation.restore_for_inference(config, workdir)
     if target is None:
       target = task.translate(params, [text], trainer.mesh)[0]
@@ -94,7 +95,7 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
     raise ConfigError('--target is for translation workdirs; this one is a '
                       f'{kind} model: pass only --text')
   if kind == 'lm':
-    from transformer_jax.runs import lm
+    from transformer_jax.workflows import lm
     task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
     trainer.close()
     return (visualize.lm_attention(task.model, params, tokenizer, text), 'GPT self-attention',
@@ -128,7 +129,7 @@ def main(argv):
     out = os.path.join(workdir, 'pictures')
   else:
     raise ConfigError('--out=DIR is required without --workdir')
-  config = experiment.load_saved_config(workdir) if wants_model else None
+  config = load_saved_config(workdir) if wants_model else None
   from transformer_jax import visualize  # jax and matplotlib: only once the flags are good
   try:
     os.makedirs(out, exist_ok=True)
@@ -163,4 +164,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: experiment.run(main, argv), flags_parser=experiment.parse_flags)
+  app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)

@@ -7,7 +7,7 @@
 #       --config=experiments/configs/shakespeare_char.py --workdir=/tmp/sc2
 #
 # Process i gets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i, which
-# transformer_jax/distributed.py reads, and JAX_PLATFORMS=cpu: the processes exchange data over
+# transformer_jax/parallel/distributed.py reads, and JAX_PLATFORMS=cpu: the processes exchange data over
 # gloo, jax's CPU collectives. Each has one CPU device unless XLA_FLAGS sets
 # --xla_force_host_platform_device_count=K. Output lines are prefixed with [i]. When a process
 # fails the others are stopped (they would wait for it forever); the exit status is the first

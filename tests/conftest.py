@@ -1,6 +1,7 @@
-"""Shared fixtures: a tiny translation config and a runner for the command line."""
+"""Shared fixtures: a tiny translation config, a runner for the command line, the real corpora."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -30,8 +31,43 @@ def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
   return max(1, min(4, cores or 1))
 
 
+# The real corpora (Multi30k, Tiny Shakespeare, SST-2; ../shared/README.md lists them) sit in the
+# shared/ folder beside the checkout, here and in CI. Tests reach them through `shared_data` or
+# `corpus`, never through a path of their own.
+DEFAULT_SHARED_DATA = pathlib.Path(REPO_ROOT).parent / 'shared' / 'data'
+SHARED_DATA_ENV = 'TRANSFORMER_JAX_SHARED_DATA'
+
+
+def _require_data(path: pathlib.Path) -> pathlib.Path:
+  """`path` if it exists; else skips the test, or fails it where CI=true (CI has the corpora)."""
+  if not path.exists():
+    message = f'needs the corpus folder {path} (the shared/ folder beside the checkout)'
+    if os.environ.get('CI') == 'true':
+      pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+  return path
+
+
+@pytest.fixture(scope='session')
+def shared_data() -> pathlib.Path:
+  """The folder of real corpora: ../shared/data beside the checkout.
+
+  TRANSFORMER_JAX_SHARED_DATA=/some/folder reads them from elsewhere (set it to a missing
+  folder to see what a machine without them does). When the folder is absent the test is
+  skipped with one line naming it; with CI=true it fails instead.
+  """
+  return _require_data(pathlib.Path(os.environ.get(SHARED_DATA_ENV) or DEFAULT_SHARED_DATA))
+
+
+@pytest.fixture(scope='session')
+def corpus(shared_data):
+  """corpus('multi30k') -> shared_data / 'multi30k', skipped (or, with CI=true, failed) like
+  `shared_data` when that corpus is absent."""
+  return lambda name: _require_data(shared_data / name)
+
+
 QUICKSTART = os.path.join('experiments', 'configs', 'translate_quickstart.py')
-# JAX_* variables naming the session's compilation cache, for CLI subprocesses.
+# JAX_* variables naming the test run's compilation cache, for CLI subprocesses.
 _CACHE_ENV: dict[str, str] = {}
 
 # Shrinks translate_quickstart.py to a model that trains in seconds on a CPU. Used both for
@@ -96,7 +132,7 @@ class TranslateCli:
   @staticmethod
   def env() -> dict[str, str]:
     """No allocator re-exec (so the child's pid is the trainer's), CPU only, repo importable,
-    the session's compilation cache."""
+    the test run's compilation cache."""
     env = dict(os.environ)
     env['TRANSFORMER_JAX_ALLOCATOR'] = 'system'
     env['JAX_PLATFORMS'] = 'cpu'
@@ -129,10 +165,10 @@ class TranslateCli:
 
 @pytest.fixture(scope='session', autouse=True)
 def compilation_cache(tmp_path_factory):
-  """A persistent XLA compilation cache shared by this session and its CLI subprocesses.
+  """A persistent XLA compilation cache shared by this test run and its CLI subprocesses.
 
   Several tests train the same tiny model in fresh Trainers or processes; with the cache,
-  each distinct program is compiled once per session (the directory is new every session).
+  each distinct program is compiled once per test run (the directory is new every run).
   """
   import jax  # pylint: disable=g-import-not-at-top
   directory = str(tmp_path_factory.mktemp('jax_compilation_cache'))

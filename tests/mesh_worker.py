@@ -21,8 +21,8 @@ import ml_collections
 import numpy as np
 
 from experiments.configs.common import base_config
-from transformer_jax import sharding
-from transformer_jax.trainer import Trainer
+from transformer_jax.parallel import sharding
+from transformer_jax.training.trainer import Trainer
 
 VOCAB, ROWS = 64, 16
 TINY = dict(vocab_size=VOCAB, emb_dim=32, num_heads=4, mlp_dim=64, max_len=32, dropout_rate=0.1,

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.attention: the formula, masks, grouped-query heads and the KV cache.
+"""Tests for transformer_jax.layers.attention: the formula, masks, grouped-query heads and the KV cache.
 
 The reference for every numerical check is `numpy_attention`, softmax(q k^T / sqrt(D) + bias) v
 written out in float64 numpy, with masked keys removed before the softmax and fully masked
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention
-from transformer_jax.attention import MultiHeadAttention
+from transformer_jax.layers import attention
+from transformer_jax.layers.attention import MultiHeadAttention
 from transformer_jax.model_config import TransformerConfig
 
 
@@ -384,7 +384,7 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   variables = jax.eval_shape(decoder.init, jax.random.key(0), x)
   params = randomise(variables['params'], 4)
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables['cache'])
-  assert cache['cached_value'].shape == (B, cfg.kv_heads, length, cfg.qkv_dim)
+  assert cache['cached_value'].shape == (B, cfg.num_kv_heads, length, cfg.head_dim)
 
   full = MultiHeadAttention(cfg).apply({'params': params}, x,
                                        mask=attention.make_causal_mask(length))

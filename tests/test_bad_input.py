@@ -20,9 +20,11 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import resume
-from transformer_jax import checkpointing, experiment
+from transformer_jax.training import checkpointing
+from transformer_jax.cli import entrypoint
+from transformer_jax.cli.workdir import load_saved_config, prepare_workdir
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.trainer import TrainState
+from transformer_jax.training.trainer import TrainState
 
 
 def cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -109,7 +111,7 @@ def test_workdir_trained_with_another_backends_kernel_is_served_with_auto(tmp_pa
                                    ('reference', 'reference')]:
     (tmp_path / 'config.json').write_text(json.dumps(
         {'model': {'emb_dim': 32, 'attention_implementation': implementation}}))
-    config = experiment.load_saved_config(str(tmp_path))
+    config = load_saved_config(str(tmp_path))
     assert config.model.attention_implementation == expected
     assert config.model.emb_dim == 32
 
@@ -198,7 +200,7 @@ def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path):
 
 def test_translation_tokenizer_missing_from_workdir(tmp_path, tiny_config):
   """Inference modes never train a tokenizer: a workdir without spm.model is a ConfigError."""
-  from transformer_jax.runs import translation  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import translation  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConfigError, match=r'no tokenizer model \(spm\*\.model\) in .*train first'):
     translation.load_tokenizers(tiny_config(), str(tmp_path))
   assert os.listdir(tmp_path) == []
@@ -241,7 +243,7 @@ def test_full_disk_when_probing_the_workdir(tmp_path, monkeypatch):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   monkeypatch.setattr(tempfile, 'NamedTemporaryFile', no_space)
   with pytest.raises(ConfigError, match='is not writable .No space left on device.'):
-    experiment.prepare_workdir(str(tmp_path / 'work'))
+    prepare_workdir(str(tmp_path / 'work'))
 
 
 def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
@@ -277,7 +279,7 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
     raise SystemExit(status)
   monkeypatch.setattr(os, '_exit', exit_now)
   with pytest.raises(SystemExit) as exited:
-    experiment.run(main)
+    entrypoint.run(main)
   assert exited.value.code == 1
   assert capsys.readouterr().err.splitlines()[-1] == (
       'error: cannot write a checkpoint in X (No space left on device)')
@@ -285,7 +287,7 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
   def main_plain(argv):  # pylint: disable=unused-argument
     raise OSError(errno.ENOSPC, 'No space left on device', 'metrics.jsonl')
   with pytest.raises(SystemExit):
-    experiment.run(main_plain)
+    entrypoint.run(main_plain)
   assert capsys.readouterr().err.splitlines()[-1] == (
       'error: cannot write metrics.jsonl (No space left on device); free space or choose another '
       '--workdir and rerun')

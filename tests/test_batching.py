@@ -9,7 +9,7 @@ import pytest
 from transformer_jax.data import batching
 from transformer_jax.data import numbers
 from transformer_jax.data import tokenizer as tok_lib
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 from transformer_jax.errors import ConfigError, DataError
 
 BUCKETS = [8, 16, 32, 64]

@@ -11,7 +11,7 @@ from transformer_jax.data import bert_pretrain
 from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.tasks.bert import BertClassificationTask, BertPretrainTask
-from transformer_jax.trainer import Trainer
+from transformer_jax.training.trainer import Trainer
 
 TINY = dict(vocab_size=97, emb_dim=32, num_heads=4, mlp_dim=64, num_encoder_layers=2, max_len=32,
             dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -163,8 +163,7 @@ def test_pretraining_mlm_and_nsp_improve(tmp_path):
                                          seed=1).batch(i) for i in range(4)]
   config = _classification_config(num_steps=100)
   config.optimizer.learning_rate = 2e-3
-  task = BertPretrainTask(bert_config(**TINY), sentence_task='nsp')
-  task.eval_batches = valid
+  task = BertPretrainTask(bert_config(**TINY), sentence_task='nsp', eval_batches=valid)
   trainer = Trainer(config, task, str(tmp_path))
   before = trainer.evaluate(trainer.init_state().params, iter(valid))
   results = trainer.fit(data, lambda: iter(valid))

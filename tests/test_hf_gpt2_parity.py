@@ -13,14 +13,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import safetensors.numpy as safetensors_numpy
-import torch
-import transformers
+torch = pytest.importorskip('torch', reason='needs the parity extra: pip install -e ".[parity]"')
+transformers = pytest.importorskip('transformers',
+                                   reason='needs the parity extra: pip install -e ".[parity]"')
+safetensors_numpy = pytest.importorskip('safetensors.numpy')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax.convert import hf_gpt2
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.gpt import GPT
+
+pytestmark = pytest.mark.parity
 
 HF_CONFIG = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=101,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

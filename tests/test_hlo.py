@@ -16,13 +16,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import hlo_text
+from tools import hlo_text
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config
-from transformer_jax.optim import make_optimizer
+from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.tasks.lm import LanguageModelTask
 from transformer_jax.tasks.translation import TranslationTask
-from transformer_jax.trainer import TrainState, make_train_step
+from transformer_jax.training.trainer import TrainState, make_train_step
 
 _DENSE_LAYERS = ('query', 'key', 'value', 'out', 'wi', 'wo', 'wi_gate', 'wi_up', 'lm_head')
 
@@ -117,8 +117,8 @@ def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
 def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
   """A greedy decode loop of a small GPT, jitted as the library jits it: no step copies or
   transposes a layer's cache (that copy made a token at context 1024 cost 6x one at 64)."""
-  from transformer_jax import decoding
-  from transformer_jax.blocks import empty_cache
+  from transformer_jax.inference import search
+  from transformer_jax.layers.blocks import empty_cache
   from transformer_jax.models.gpt import GPT
 
   cfg = gpt2_config(vocab_size=65, emb_dim=64, num_heads=4, mlp_dim=256, num_decoder_layers=2,
@@ -136,14 +136,14 @@ def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
       logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
                                       mutable=['cache'])
       return logits[:, -1], updated['cache']
-    return decoding.sample(tokens_to_logits, state['cache'], jax.random.key(0),
+    return search.sample(tokens_to_logits, state['cache'], jax.random.key(0),
                            first_tokens=prompt[:, -1], max_len=32, temperature=0.0)
 
-  hlo = jax.jit(generate, compiler_options=decoding.decode_compiler_options()).lower(
+  hlo = jax.jit(generate, compiler_options=search.decode_compiler_options()).lower(
       params, prompt).compile().as_text()
   assert ' while(' in hlo
   d = cfg.emb_dim // cfg.num_heads
-  k = cfg.kv_heads
+  k = cfg.num_kv_heads
   cache_shapes = {f'f32[2,{k},{d},{cfg.max_len}]',     # keys [B, K, D, S]
                   f'f32[2,{k},{cfg.max_len},{d}]',     # values [B, K, S, D]
                   f'f32[2,{k},{cfg.max_len},1]',       # (a transposed view)

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.blocks import TransformerBlock
-from transformer_jax.dense import DenseGeneral
-from transformer_jax.feedforward import FeedForward
+from transformer_jax.layers.blocks import TransformerBlock
+from transformer_jax.layers.dense import DenseGeneral
+from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.normalization import make_norm
+from transformer_jax.layers.normalization import make_norm
 
 
 @pytest.fixture(autouse=True)

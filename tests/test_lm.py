@@ -154,7 +154,7 @@ def test_eval_batches_fixed_and_short_text_error():
 @pytest.fixture(scope='module')
 def trained_workdir(tmp_path_factory):
   """A tiny character GPT trained on TEXT; returns (workdir, results, config)."""
-  from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('lm')
   text_path = root / 'text.txt'
   text_path.write_text(TEXT)
@@ -179,7 +179,7 @@ def test_tiny_model_overfits(trained_workdir):
 
 
 def test_generation_is_deterministic_and_continues_the_text(trained_workdir):
-  from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir, _, config = trained_workdir
   task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
@@ -234,7 +234,7 @@ def test_generate_cli_same_seed_same_text(trained_workdir):
 def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from experiments.configs import gpt2_small  # pylint: disable=g-import-not-at-top
-  from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
   config = gpt2_small.get_config()
   assert (config.model.num_decoder_layers, config.model.num_heads, config.model.emb_dim,
           config.data.block_size, config.tokenizer.vocab_size) == (12, 12, 768, 1024, 32_000)
@@ -255,7 +255,7 @@ def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
 
 def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from transformer_jax.runs import lm  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
   config = tiny_char_config(data__source='tfds', data__block_size=4, data__batch_size=2,
                             data__eval_batches=1, train__num_steps=2, train__log_every=1,
                             optimizer__warmup_steps=1, optimizer__decay_steps=2,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import losses
+from transformer_jax.layers import losses
 from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.models.encoder_decoder import EncoderDecoder
 from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
@@ -95,7 +95,7 @@ def test_gpt_features_project_to_its_logits(make_cfg):
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, V)
   variables = GPT(cfg).init(jax.random.key(0), tokens)
   logits = GPT(cfg).apply(variables, tokens)
-  features, embedding = GPT(cfg).apply(variables, tokens, features_only=True)
+  features, embedding = GPT(cfg).apply(variables, tokens, method=GPT.features_and_embedding)
   np.testing.assert_allclose(features @ embedding.T, logits, rtol=1e-5, atol=1e-5)
 
 
@@ -108,7 +108,8 @@ def test_encoder_decoder_features_project_to_its_logits(tie_output):
   targets = jax.random.randint(jax.random.key(2), (2, 9), 1, V)
   variables = EncoderDecoder(cfg).init(jax.random.key(0), inputs, targets)
   logits = EncoderDecoder(cfg).apply(variables, inputs, targets)
-  features, embedding = EncoderDecoder(cfg).apply(variables, inputs, targets, features_only=True)
+  features, embedding = EncoderDecoder(cfg).apply(variables, inputs, targets,
+                                                  method=EncoderDecoder.features_and_embedding)
   np.testing.assert_allclose(features @ embedding.T, logits, rtol=1e-5, atol=1e-5)
 
 
@@ -121,7 +122,7 @@ def test_bert_mlm_features_project_to_its_logits():
   variables = model.init(jax.random.key(0), tokens, mlm_positions=positions)
   variables = jax.tree.map(lambda p: p + 0.1, variables)  # a non-zero MLM bias
   logits = model.apply(variables, tokens, mlm_positions=positions)['mlm_logits']
-  out = model.apply(variables, tokens, mlm_positions=positions, features_only=True)
+  out = model.apply(variables, tokens, mlm_positions=positions, method=Bert.features)
   assert 'mlm_logits' not in out and float(jnp.max(jnp.abs(out['mlm_bias']))) > 0
   np.testing.assert_allclose(out['mlm_features'] @ out['mlm_embedding'].T + out['mlm_bias'],
                              logits, rtol=1e-5, atol=1e-5)

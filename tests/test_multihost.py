@@ -13,11 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_jax import distributed
+from transformer_jax.parallel import distributed
 from transformer_jax.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare', 'input.txt')
 TINY_LM = {
     'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
     'model.num_decoder_layers': 1, 'model.dropout_rate': 0.1, 'data.block_size': 16,
@@ -27,16 +26,16 @@ TINY_LM = {
 }
 
 
-def lm_command(workdir, num_steps: int) -> list[str]:
+def lm_command(workdir, num_steps: int, data: str) -> list[str]:
   flags = dict(TINY_LM, **{'train.num_steps': num_steps})
   return [sys.executable, '-m', 'experiments.lm',
-          '--config=experiments/configs/shakespeare_char.py', f'--config.data.path={DATA}',
+          '--config=experiments/configs/shakespeare_char.py', f'--config.data.path={data}',
           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in flags.items()]
 
 
 def run(command: list[str], translate_cli) -> subprocess.CompletedProcess:
   env = translate_cli.env()
-  for name in list(env):  # the session's compilation cache is not shared across a job
+  for name in list(env):  # the test run's compilation cache is not shared across a job
     if name.startswith('JAX_COMPILATION_CACHE') or name.startswith('JAX_PERSISTENT_CACHE'):
       del env[name]
   proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
@@ -51,10 +50,13 @@ def train_losses(workdir) -> dict[int, float]:
   return {r['step']: r['train/loss'] for r in records if 'train/loss' in r}
 
 
-def test_two_processes_train_checkpoint_and_resume_like_one(translate_cli, tmp_path):
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_train_checkpoint_and_resume_like_one(translate_cli, corpus, tmp_path):
   launcher = os.path.join(REPO_ROOT, 'launch', 'local_multiprocess.sh')
   two, one = tmp_path / 'two', tmp_path / 'one'
-  proc = run(['bash', launcher, '2'] + lm_command(two, 3), translate_cli)
+  data = str(corpus('tinyshakespeare') / 'input.txt')
+  proc = run(['bash', launcher, '2'] + lm_command(two, 3, data), translate_cli)
   assert '[0] ' in proc.stdout and '[1] ' in proc.stdout
   assert 'process 1 of 2' in proc.stdout  # both really joined one job
   # Both processes wrote their shards of the step-3 checkpoint.
@@ -62,8 +64,8 @@ def test_two_processes_train_checkpoint_and_resume_like_one(translate_cli, tmp_p
   assert sorted(p for p in os.listdir(state_dir) if p.startswith('ocdbt.process_')) == [
       'ocdbt.process_0', 'ocdbt.process_1']
   # Both restore it and train one more step.
-  run(['bash', launcher, '2'] + lm_command(two, 4), translate_cli)
-  run(lm_command(one, 4), translate_cli)
+  run(['bash', launcher, '2'] + lm_command(two, 4, data), translate_cli)
+  run(lm_command(one, 4, data), translate_cli)
   multi, single = train_losses(two), train_losses(one)
   assert sorted(multi) == sorted(single) == [1, 2, 3, 4]
   np.testing.assert_allclose([multi[s] for s in range(1, 5)], [single[s] for s in range(1, 5)],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from transformer_jax import attention
+from transformer_jax.layers import attention
 
 B, H, D = 2, 2, 8
 RTOL, ATOL = 1e-5, 1e-5

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.position: sinusoidal, learned, rotary and T5 relative positions."""
+"""Tests for transformer_jax.layers.position: sinusoidal, learned, rotary and T5 relative positions."""
 
 import math
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import position
+from transformer_jax.layers import position
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(tmp_path
   command again: it resumes from a checkpoint, not from scratch, and ends with exactly the
   parameters, Adam state and step of an uninterrupted run. keep_checkpoints=1 also checks that
   the last good checkpoint is not deleted before the next one is committed."""
-  env = resume.environment(translate_cli.env())  # with the session's compilation cache
+  env = resume.environment(translate_cli.env())  # with the test run's compilation cache
   reference_dir, killed_dir = str(tmp_path / 'reference'), str(tmp_path / 'killed')
   resume.run_to_end(resume.command('lm', reference_dir, 40, 4, KEEP_ONE), env)
   reference = resume.saved_state(reference_dir)

@@ -1,4 +1,4 @@
-"""Tests for sampling in transformer_jax.decoding: temperature, top-k, top-p, EOS, determinism.
+"""Tests for sampling in transformer_jax.inference.search: temperature, top-k, top-p, EOS, determinism.
 
 The toy models return fixed logits (one row per batch element), so every draw of a long
 batch is an independent sample of a known distribution.
@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decoding
+from transformer_jax.inference import search
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 
-PAD, EOS = decoding.PAD_ID, decoding.EOS_ID
+PAD, EOS = PAD_ID, EOS_ID
 
 
 def fixed_model(logits):
@@ -30,7 +31,7 @@ def table_model(table, tokens, cache):
 
 
 def draw(logits, rows, steps, seed=0, **kwargs):
-  out = decoding.sample(fixed_model(logits), {}, jax.random.key(seed),
+  out = search.sample(fixed_model(logits), {}, jax.random.key(seed),
                         first_tokens=jnp.zeros((rows,), jnp.int32), max_len=steps, **kwargs)
   return np.asarray(out)
 
@@ -62,7 +63,7 @@ def test_top_k_never_leaves_the_k_most_likely():
     (1.0, [3, 0, 4, 1, 2]),
 ])
 def test_top_p_keeps_the_smallest_set_reaching_p(top_p, kept_ids):
-  probs = np.asarray(decoding.sampling_distribution(LOGITS, 1.0, 0, top_p))
+  probs = np.asarray(search.sampling_distribution(LOGITS, 1.0, 0, top_p))
   expected = np.zeros_like(PROBS)
   expected[kept_ids] = PROBS[kept_ids] / PROBS[kept_ids].sum()
   np.testing.assert_allclose(probs, expected, atol=1e-6)
@@ -71,7 +72,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p(top_p, kept_ids):
 def test_top_k_applies_before_top_p():
   # top-k 3 renormalises to 0.556, 0.278, 0.167: the first two already reach 0.8. Applied the
   # other way round (top-p on the full distribution) three tokens would survive.
-  probs = np.asarray(decoding.sampling_distribution(LOGITS, 1.0, 3, 0.8))
+  probs = np.asarray(search.sampling_distribution(LOGITS, 1.0, 3, 0.8))
   expected = np.zeros_like(PROBS)
   expected[[3, 0]] = PROBS[[3, 0]] / PROBS[[3, 0]].sum()
   np.testing.assert_allclose(probs, expected, atol=1e-6)
@@ -79,21 +80,21 @@ def test_top_k_applies_before_top_p():
 
 def test_filter_logits_is_exact_on_ties_and_traced_values():
   logits = jnp.array([[1.0, 2.0, 2.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
-  out = np.asarray(decoding.filter_logits(logits, 2))
+  out = np.asarray(search.filter_logits(logits, 2))
   # Ties go to the lower id, as argmax: exactly k survive.
   assert np.isfinite(out).sum(axis=-1).tolist() == [2, 2]
   assert np.isfinite(out[0]).tolist() == [False, True, True, False]
   assert np.isfinite(out[1]).tolist() == [True, True, False, False]
-  jitted = jax.jit(decoding.filter_logits)(logits, jnp.int32(2), jnp.float32(1.0))
+  jitted = jax.jit(search.filter_logits)(logits, jnp.int32(2), jnp.float32(1.0))
   np.testing.assert_array_equal(np.asarray(jitted), out)
-  unfiltered = decoding.filter_logits(logits, jnp.int32(0), jnp.float32(1.0))
+  unfiltered = search.filter_logits(logits, jnp.int32(0), jnp.float32(1.0))
   np.testing.assert_array_equal(np.asarray(unfiltered), np.asarray(logits))
 
 
 def test_sampled_frequencies_match_the_filtered_distribution():
   tokens = draw(LOGITS, rows=4000, steps=5, top_k=3, temperature=1.0)
   freq = np.bincount(tokens.ravel(), minlength=5) / tokens.size
-  expected = np.asarray(decoding.sampling_distribution(LOGITS, 1.0, 3, 1.0))
+  expected = np.asarray(search.sampling_distribution(LOGITS, 1.0, 3, 1.0))
   np.testing.assert_allclose(freq, expected, atol=0.01)
   # Temperature 2 flattens the distribution: the rarest kept token becomes more frequent.
   hot = draw(LOGITS, rows=4000, steps=5, top_k=3, temperature=2.0)
@@ -116,17 +117,17 @@ def test_low_temperature_is_greedy(temperature):
   first = jnp.array([0, 2, 5, 7], jnp.int32)
   cache = {'step': jnp.array(0, jnp.int32)}
   model = lambda t, c: table_model(table, t, c)
-  sampled = decoding.sample(model, cache, jax.random.key(3), first_tokens=first, max_len=6,
+  sampled = search.sample(model, cache, jax.random.key(3), first_tokens=first, max_len=6,
                             temperature=temperature, eos_id=None)
   np.testing.assert_array_equal(np.asarray(sampled), _greedy_path(table, first))
   # The same with temperature traced under jit (no Python-level shortcut).
-  jitted = jax.jit(lambda t: decoding.sample(model, cache, jax.random.key(3), first_tokens=first,
+  jitted = jax.jit(lambda t: search.sample(model, cache, jax.random.key(3), first_tokens=first,
                                              max_len=6, temperature=t))(jnp.float32(temperature))
   np.testing.assert_array_equal(np.asarray(jitted), _greedy_path(table, first))
   # And greedy_search agrees when every row starts from the same token.
   same = jnp.zeros((4,), jnp.int32)
-  greedy = decoding.greedy_search(model, cache, batch_size=4, max_len=6, start_id=0, eos_id=-1)
-  sampled = decoding.sample(model, cache, jax.random.key(0), first_tokens=same, max_len=6,
+  greedy = search.greedy_search(model, cache, batch_size=4, max_len=6, start_id=0, eos_id=-1)
+  sampled = search.sample(model, cache, jax.random.key(0), first_tokens=same, max_len=6,
                             temperature=temperature)
   np.testing.assert_array_equal(np.asarray(sampled), np.asarray(greedy))
 
@@ -140,7 +141,7 @@ def test_same_rng_same_samples_different_rng_different():
   assert not np.array_equal(a, c)
   # Rows are independent draws, not copies of one another.
   assert len({tuple(r) for r in a.tolist()}) == 4
-  jitted = jax.jit(lambda key: decoding.sample(
+  jitted = jax.jit(lambda key: search.sample(
       fixed_model(logits), {}, key, first_tokens=jnp.zeros((4,), jnp.int32), max_len=16))
   np.testing.assert_array_equal(np.asarray(jitted(jax.random.key(7))), a)
 
@@ -172,7 +173,7 @@ def test_sampling_stops_early_when_every_row_has_ended():
     jax.debug.callback(lambda: calls.append(1))
     return jnp.broadcast_to(logits, (tokens.shape[0], 4)), cache
 
-  out = jax.jit(lambda key: decoding.sample(
+  out = jax.jit(lambda key: search.sample(
       counting_model, {}, key, first_tokens=jnp.zeros((3,), jnp.int32), max_len=10,
       eos_id=EOS))(jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(out), [[EOS] + [PAD] * 9] * 3)

@@ -9,20 +9,17 @@ import sentencepiece as spm
 
 from transformer_jax.data import text
 from transformer_jax.data import tokenizer as tok_lib
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.errors import DataError
 
-# The shared corpora sit beside the checkout (here and in CI): ../shared/data.
-MULTI30K_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..',
-                            'shared', 'data', 'multi30k')
 NUM_LINES = 2000
 VOCAB_SIZE = 1000
 
 
 @pytest.fixture(scope='module')
-def sentences() -> list[str]:
-  assert os.path.isdir(MULTI30K_DIR), f'{MULTI30K_DIR} is missing: the tests read ../shared/data'
-  src, tgt = text.read_parallel(*text.find_parallel_files(MULTI30K_DIR, 'train', 'en', 'de'))
+def sentences(corpus) -> list[str]:
+  src, tgt = text.read_parallel(*text.find_parallel_files(str(corpus('multi30k')), 'train', 'en',
+                                                          'de'))
   return src[:NUM_LINES] + tgt[:NUM_LINES]
 
 

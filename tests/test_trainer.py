@@ -20,12 +20,12 @@ import optax
 import pytest
 
 from experiments.configs.common import base_config
-from transformer_jax import checkpointing
-from transformer_jax import optim
-from transformer_jax import sharding
+from transformer_jax.training import checkpointing
+from transformer_jax.training import optimizer as optim
+from transformer_jax.parallel import sharding
 from transformer_jax.errors import ConfigError, UserError
-from transformer_jax.runs import translation
-from transformer_jax.trainer import NonFiniteError, Trainer, TrainState, make_train_step
+from transformer_jax.workflows import translation
+from transformer_jax.training.trainer import NonFiniteError, Trainer, TrainState, make_train_step
 
 
 def read_metrics(workdir) -> list[dict]:
@@ -195,7 +195,7 @@ class ToyTask:
   def loss_fn(self, params, batch, rng, deterministic):
     return toy_loss_fn(params, {'x': batch['inputs']}, rng, deterministic)
 
-  def evaluate(self, trainer, params, step):  # pylint: disable=unused-argument
+  def evaluate(self, context, params, step):  # pylint: disable=unused-argument
     return {}
 
 
@@ -251,7 +251,7 @@ def test_consecutive_non_finite_steps_stop_with_user_error_and_keep_checkpoint(t
 
   checkpointer = checkpointing.Checkpointer(str(tmp_path / 'checkpoints'))
   try:
-    assert sorted(checkpointer.manager.all_steps()) == [2, 4, 6]
+    assert checkpointer.all_steps() == [2, 4, 6]
     state4, data4, _ = checkpointer.restore(trainer.abstract_state, step=4)
     latest, latest_data, latest_step = checkpointer.restore(trainer.abstract_state)
     state2, _, _ = checkpointer.restore(trainer.abstract_state, step=2)
@@ -347,7 +347,7 @@ def test_max_to_keep_deletes_the_oldest_checkpoints(tmp_path):
     for step in range(1, 5):
       assert checkpointer.maybe_save(step, make_state(step), {'epoch': 0, 'position': step})
     checkpointer.wait()
-    assert sorted(checkpointer.manager.all_steps()) == [3, 4]
+    assert checkpointer.all_steps() == [3, 4]
   finally:
     checkpointer.close()
   assert sorted(p for p in os.listdir(directory) if p.isdigit()) == ['3', '4']
@@ -544,7 +544,7 @@ def test_tensorboard_writer_leaves_torch_unimported_and_importable(tmp_path):
   trainer's writer writes events without it, and torch still imports afterwards."""
   code = '\n'.join([
       'import glob, sys',
-      'from transformer_jax.trainer import _summary_writer',
+      'from transformer_jax.training.metrics_writer import _summary_writer',
       f'writer = _summary_writer({str(tmp_path)!r})',
       "writer.add_scalar('train/loss', 1.5, 0)",
       'writer.close()',

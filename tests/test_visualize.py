@@ -147,7 +147,7 @@ def test_bert_weights_see_only_the_real_tokens():
 
 
 def test_scanned_layers_give_the_same_maps_as_unrolled_ones():
-  from transformer_jax import scan_layout  # pylint: disable=g-import-not-at-top
+  from transformer_jax.layers import scan_layout  # pylint: disable=g-import-not-at-top
   model, params = tiny_gpt()
   scanned = GPT(model.cfg.replace(scan_layers=True))
   tokens = jnp.asarray([[3, 4, 5, 6, 7]], jnp.int32)
@@ -244,7 +244,7 @@ def read_image_events(directory: str) -> dict[str, list[tuple[int, int, int]]]:
 def trained_translation(tmp_path_factory):
   """A tiny translation workdir trained for 30 steps, evaluated at steps 15 and 30."""
   from tests.conftest import tiny_translate_config  # pylint: disable=g-import-not-at-top
-  from transformer_jax.runs import translation  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import translation  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path_factory.mktemp('viz') / 'work')
   config = tiny_translate_config(train__num_steps=30, train__eval_every=15,
                                  eval__bleu_sentences=2)

@@ -11,14 +11,16 @@ import math
 import os
 
 import jax
+import pytest
 import tensorflow_datasets as tfds
 
+from conftest import DEFAULT_SHARED_DATA
 from experiments.configs import multi30k
 from experiments.configs import wmt14
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.model_config import model_config_from_dict
 from transformer_jax.models import EncoderDecoder
-from transformer_jax.runs import translation
+from transformer_jax.workflows import translation
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,9 +59,13 @@ def test_wmt14_config_trains_end_to_end_on_tfds_mock_data(tmp_path):
   assert saved['data']['tfds_name'] == 'wmt14_translate/de-en'
 
 
-def multi30k_dir(config) -> str:
-  """The config's data.dir, which is relative to the repository root (where runs start)."""
-  return os.path.normpath(os.path.join(REPO_ROOT, config.data.dir))
+def multi30k_dir(config, corpus) -> str:
+  """The corpus that config.data.dir names: data.dir is relative to the repository root (where
+  runs start) and must point at shared/data/multi30k beside the checkout; the files are read
+  from the `corpus` fixture's folder (the same one unless TRANSFORMER_JAX_SHARED_DATA moves it)."""
+  assert os.path.normpath(os.path.join(REPO_ROOT, config.data.dir)) == str(
+      DEFAULT_SHARED_DATA / 'multi30k')
+  return str(corpus('multi30k'))
 
 
 def first_line(path: str) -> str:
@@ -67,11 +73,11 @@ def first_line(path: str) -> str:
     return f.readline().strip()
 
 
-def test_multi30k_config_paths_point_at_the_real_files():
+def test_multi30k_config_paths_point_at_the_real_files(corpus):
   """data.dir (from the repo root) with train/val/test_2016_flickr and en/de resolves to the
   shared gzip files, read aligned and in order."""
   config = multi30k.get_config()
-  config.data.dir = multi30k_dir(config)
+  config.data.dir = multi30k_dir(config, corpus)
   for prefix in (config.data.train_prefix, config.data.valid_prefix, config.eval.test_prefix):
     src, tgt = translation.load_split(config, prefix)
     assert len(src) == len(tgt) > 0
@@ -79,11 +85,11 @@ def test_multi30k_config_paths_point_at_the_real_files():
     assert tgt[0] == first_line(os.path.join(config.data.dir, f'{prefix}.de.gz'))
 
 
-def test_multi30k_config_trains_end_to_end_on_the_real_data(tmp_path):
+def test_multi30k_config_trains_end_to_end_on_the_real_data(corpus, tmp_path):
   """multi30k.py on the real files, limited to 300 training pairs: tokenizer, 3 steps,
   evaluation and a checkpoint."""
   config = shrink(multi30k.get_config(), vocab_size=200)
-  config.data.dir = multi30k_dir(config)
+  config.data.dir = multi30k_dir(config, corpus)
   config.data.max_train_examples = 300
   results = translation.train_and_evaluate(config, str(tmp_path))
   assert results['step'] == 3 and not results['interrupted']

@@ -1,10 +1,22 @@
 """transformer_jax: pure-functional Flax Transformers, jit-compiled and sharded over a Mesh.
 
-Import what you need from its modules (importing the package itself stays cheap):
-  transformer_jax.attention      masks, scaled dot-product and multi-head attention
-  transformer_jax.blocks         residual blocks and stacks
-  transformer_jax.models         EncoderDecoder, GPT
-  transformer_jax.trainer        the one trainer
+The subpackages are layers of one stack; each imports only from the ones below it
+(tests/test_import_layers.py checks this):
+
+  errors, files, special_tokens, model_config   the base every layer shares
+  kernels/     attention kernels (reference, chunked, XLA/cuDNN, Pallas) and masks
+  parallel/    the device mesh, logical-axis rules, multi-host start-up
+  data/        corpora, tokenizers, batching
+  inference/   greedy, beam and sampling search over a KV cache
+  layers/      Flax modules: attention, feed-forward, norms, positions, blocks, losses
+  models/      EncoderDecoder, GPT, Bert and their presets
+  training/    the trainer, the pure train step, optimizer, checkpoints, metric writing
+  convert/     Hugging Face checkpoint import
+  tasks/       what a model family trains on and evaluates (the trainer's Task)
+  cli/         what every entry point does: flags, one-line errors, the workdir, validation
+  workflows/   one experiment per family: data -> task -> trainer -> evaluation
+
+Importing the package itself stays cheap: import what you need from its modules.
 """
 
 __version__ = '0.1.0'

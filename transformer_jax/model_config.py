@@ -28,14 +28,14 @@ REMAT_POLICIES = ('none', 'nothing_saveable', 'dots_saveable', 'dots_with_no_bat
 class TransformerConfig:
   """Hyperparameters shared by the encoder-decoder, GPT and BERT models."""
   vocab_size: int = 8000
-  # Encoder-decoder only: a separate source vocabulary (None = shared with the target).
+  # Encoder-decoder only: the source vocabulary (None: the same size as the target's).
   source_vocab_size: int | None = None
   share_embeddings: bool = True     # source and target share one embedding table
   tie_output: bool = True           # output logits use the (target) embedding matrix
   emb_dim: int = 512
   num_heads: int = 8
-  num_kv_heads: int | None = None   # grouped-query attention; None = num_heads
-  head_dim: int | None = None       # None = emb_dim // num_heads
+  num_kv_heads: int | None = None   # grouped-query attention (None: num_heads)
+  head_dim: int | None = None       # None: emb_dim // num_heads
   mlp_dim: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
@@ -63,20 +63,25 @@ class TransformerConfig:
   remat_policy: str = 'none'
   scan_layers: bool = False
 
+  # Quantities that default to a value derived from others. Each has one name: a None given for
+  # it is resolved here, so `cfg.head_dim` is always the head width; `replace` derives it again
+  # from the new values unless it was given explicitly.
+  _DERIVED = ('num_kv_heads', 'head_dim', 'source_vocab_size')
+
   def __post_init__(self):
+    derived = frozenset(name for name in self._DERIVED if getattr(self, name) is None)
+    object.__setattr__(self, '_derived', derived)
+    if 'head_dim' in derived:
+      if self.num_heads > 0 and self.emb_dim % self.num_heads:
+        raise ConfigError(f'model config: emb_dim={self.emb_dim} is not divisible by num_heads='
+                          f'{self.num_heads}; choose a width that is a multiple of the head '
+                          'count (or set head_dim)')
+      object.__setattr__(self, 'head_dim', self.emb_dim // max(self.num_heads, 1))
+    if 'num_kv_heads' in derived:
+      object.__setattr__(self, 'num_kv_heads', self.num_heads)
+    if 'source_vocab_size' in derived:
+      object.__setattr__(self, 'source_vocab_size', self.vocab_size)
     self.validate()
-
-  @property
-  def kv_heads(self) -> int:
-    return self.num_kv_heads or self.num_heads
-
-  @property
-  def qkv_dim(self) -> int:
-    return self.head_dim or self.emb_dim // self.num_heads
-
-  @property
-  def src_vocab_size(self) -> int:
-    return self.source_vocab_size or self.vocab_size
 
   def validate(self) -> None:
     """Raises ConfigError, with what to change, for inconsistent values."""
@@ -87,12 +92,10 @@ class TransformerConfig:
       check(getattr(self, name) > 0, f'{name} must be positive, got {getattr(self, name)}')
     check(self.num_encoder_layers >= 0 and self.num_decoder_layers >= 0,
           'layer counts must be >= 0')
-    if self.head_dim is None:
-      check(self.emb_dim % self.num_heads == 0,
-            f'emb_dim={self.emb_dim} is not divisible by num_heads={self.num_heads}; '
-            'choose a width that is a multiple of the head count (or set head_dim)')
-    check(self.num_heads % self.kv_heads == 0,
-          f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.kv_heads}')
+    check(self.head_dim > 0 and self.num_kv_heads > 0 and self.source_vocab_size > 0,
+          'head_dim, num_kv_heads and source_vocab_size must be positive')
+    check(self.num_heads % self.num_kv_heads == 0,
+          f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}')
     check(self.norm_type in NORM_TYPES, f'norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}')
     check(self.norm_position in NORM_POSITIONS,
           f'norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}')
@@ -103,13 +106,15 @@ class TransformerConfig:
     check(self.attention_implementation in ATTENTION_IMPLEMENTATIONS,
           f'attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, '
           f'got {self.attention_implementation!r}')
-    check(self.position != 'rotary' or self.qkv_dim % 2 == 0, 'rotary positions need an even head_dim')
+    check(self.position != 'rotary' or self.head_dim % 2 == 0, 'rotary positions need an even head_dim')
     check(self.remat_policy in REMAT_POLICIES,
           f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
           'dropout rates must be in [0, 1)')
 
   def replace(self, **changes) -> 'TransformerConfig':
+    """A copy with `changes`; derived quantities not given are derived again."""
+    changes = {**{name: None for name in self._derived}, **changes}
     return dataclasses.replace(self, **changes)
 
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.errors import DataError
 from transformer_jax.files import write_atomically
 
@@ -121,7 +121,7 @@ def collect_attention(model: nn.Module, params, *args, method: str | None = None
         found['/'.join(modules) + suffix] = value
   if not found:
     raise ValueError(f'{type(model).__name__} sowed no {WEIGHTS_NAME!r}: does it use '
-                     'transformer_jax.attention.MultiHeadAttention?')
+                     'transformer_jax.layers.attention.MultiHeadAttention?')
   return {name: found[name] for name in sorted(found, key=_module_order)}
 
 
@@ -436,7 +436,7 @@ def write_attention_report(out_dir: str, maps: Sequence[AttentionMap], *, title:
 def plot_positions(length: int = 100, width: int = 128, base: float = 10000.0):
   """The sinusoidal encoding matrix, a few of its dimensions as waves, and the dot product of
   every pair of positions (high near the diagonal: nearby positions look alike)."""
-  from transformer_jax.position import sinusoidal_table  # pylint: disable=g-import-not-at-top
+  from transformer_jax.layers.position import sinusoidal_table  # pylint: disable=g-import-not-at-top
   table = sinusoidal_table(length, width, base)
   figure = _new_figure(16.0, 4.8)
   left, middle, right = figure.subplots(1, 3, width_ratios=[1.25, 1.0, 1.0])

@@ -3,6 +3,7 @@
 import ml_collections
 
 from experiments.configs.common import base_config
+from transformer_jax.models.bert import BERT_ARCHITECTURE
 
 
 def _bert_adamw(config, *, learning_rate: float, warmup_steps: int, decay_steps: int):
@@ -44,12 +45,11 @@ def pretrain_config() -> ml_collections.ConfigDict:
   config.tokenizer.vocab_size = 8000
   config.tokenizer.lowercase = True
 
+  # BERT's architecture from its one definition beside bert_config(); BERT-base sizes.
   config.model = ml_collections.ConfigDict(dict(
-      emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12, max_len=512,
-      dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm', norm_position='post',
-      norm_epsilon=1e-12, embedding_norm=True, position='learned', activation='gelu_exact',
-      use_bias=True, tie_output=True, scale_embeddings=False, embed_init_std=0.02,
-      dtype='float32', param_dtype='float32', remat_policy='none', scan_layers=False,
+      BERT_ARCHITECTURE, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
+      max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32',
+      param_dtype='float32', remat_policy='none', scan_layers=False,
       attention_implementation='auto'))
 
   _bert_adamw(config, learning_rate=1e-4, warmup_steps=10_000, decay_steps=1_000_000)

@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_max_batches = 0  # 0 = the whole validation set
   config.train.accumulation_steps = 1  # >1: one update from k micro-batches (1/k the activations)
 
-  # Multi-host jobs (transformer_jax/distributed.py): 'auto' starts jax.distributed when the
+  # Multi-host jobs (transformer_jax/parallel/distributed.py): 'auto' starts jax.distributed when the
   # environment names a coordinator (JAX_COORDINATOR_ADDRESS, ...) or a SLURM/TPU job; 'on' always
   # (e.g. on Cloud TPU VMs), 'off' never. Empty/-1 = take it from the environment or jax.
   config.distributed = ml_collections.ConfigDict(

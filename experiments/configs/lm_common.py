@@ -3,6 +3,7 @@
 import ml_collections
 
 from experiments.configs.common import base_config
+from transformer_jax.models.gpt import GPT2_ARCHITECTURE
 
 
 def lm_config() -> ml_collections.ConfigDict:
@@ -28,12 +29,11 @@ def lm_config() -> ml_collections.ConfigDict:
   config.tokenizer.model_type = 'unigram'
   config.tokenizer.max_sentences = 2_000_000
 
-  # GPT-2: learned positions, Pre-LN, tanh-GELU, tied output embedding, biases, init std 0.02.
+  # GPT-2's architecture (learned positions, Pre-LN, tanh-GELU, tied output, init std 0.02),
+  # from its one definition beside gpt2_config(); sizes and dropout are this config's own.
   config.model = ml_collections.ConfigDict(dict(
-      emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6, dropout_rate=0.2,
-      attention_dropout_rate=0.2, norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
-      position='learned', activation='gelu', use_bias=True, tie_output=True,
-      scale_embeddings=False, embed_init_std=0.02, dtype='float32', param_dtype='float32',
+      GPT2_ARCHITECTURE, emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6,
+      dropout_rate=0.2, attention_dropout_rate=0.2, dtype='float32', param_dtype='float32',
       remat_policy='none', scan_layers=False, attention_implementation='auto'))
 
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).

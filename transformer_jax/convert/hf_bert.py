@@ -69,7 +69,7 @@ def _linear(w):
 def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads: dict,
            pooler: bool = True) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], Callable]]:
   """HF name (no prefix) -> (our param path, HF shape, HF array -> our array)."""
-  e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.qkv_dim
+  e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
   same = lambda x: x
   table = {}
 

@@ -124,7 +124,7 @@ def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) ->
   _check(arrays, original, cfg)
   dtype = np.dtype(cfg.param_dtype)
   get = lambda name: np.ascontiguousarray(np.asarray(arrays[name]), dtype=dtype)
-  heads, head_dim, e = cfg.num_heads, cfg.qkv_dim, cfg.emb_dim
+  heads, head_dim, e = cfg.num_heads, cfg.head_dim, cfg.emb_dim
 
   def norm(name):
     return {'scale': get(f'{name}.weight'), 'bias': get(f'{name}.bias')}

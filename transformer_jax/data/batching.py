@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from absl import logging
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 from transformer_jax.errors import ConfigError, DataError
 
 # Sentences are encoded this many at a time: the tokenizer returns Python lists,

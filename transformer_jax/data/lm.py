@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from transformer_jax.data.batching import StepIndexedBatches
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.special_tokens import EOS_ID
 from transformer_jax.errors import DataError
 from transformer_jax.files import write_atomically
 

@@ -16,11 +16,8 @@ import sentencepiece as spm
 
 from transformer_jax.errors import DataError
 from transformer_jax.files import write_atomically
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-PAD_ID = 0  # Zero so that freshly zeroed arrays are already padding.
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
 
 
 class Tokenizer:

@@ -17,23 +17,30 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.blocks import ACTIVATION_AXES, InputEmbedding, TransformerStack
-from transformer_jax.dense import DenseGeneral
-from transformer_jax.embedding import Embed
-from transformer_jax.feedforward import _ACTIVATIONS
+from transformer_jax.layers.blocks import ACTIVATION_AXES, InputEmbedding, TransformerStack
+from transformer_jax.layers.dense import DenseGeneral
+from transformer_jax.layers.embedding import Embed
+from transformer_jax.layers.feedforward import _ACTIVATIONS
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.normalization import make_norm
+from transformer_jax.special_tokens import PAD_ID
+from transformer_jax.layers.normalization import make_norm
 
-PAD_ID = 0  # [PAD] is id 0 in BERT's vocab.txt and in the WordPiece vocabularies we train
+
+
+# BERT's architecture, whatever its size: Post-LN with a normalised embedding sum, learned
+# positions, exact GELU, biases, tied MLM output, N(0, 0.02) init. Written once: the experiment
+# configs (experiments/configs/bert_common.py) take it from here.
+BERT_ARCHITECTURE = dict(norm_type='layernorm', norm_position='post', norm_epsilon=1e-12,
+                         embedding_norm=True, position='learned', activation='gelu_exact',
+                         use_bias=True, tie_output=True, scale_embeddings=False,
+                         embed_init_std=0.02)
 
 
 def bert_config(**overrides) -> TransformerConfig:
   """BERT-base by default (110M); override sizes for smaller models."""
   values = dict(vocab_size=30522, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
                 num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
-                norm_type='layernorm', norm_position='post', norm_epsilon=1e-12,
-                embedding_norm=True, position='learned', activation='gelu_exact', use_bias=True,
-                tie_output=True, scale_embeddings=False, embed_init_std=0.02)
+                **BERT_ARCHITECTURE)
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -122,22 +129,28 @@ class Bert(nn.Module):
     return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab')).astype(jnp.float32)
 
   def __call__(self, tokens, segments=None, *, valid=None, mlm_positions=None,
-               deterministic: bool = True, features_only: bool = False) -> dict[str, jax.Array]:
+               deterministic: bool = True) -> dict[str, jax.Array]:
     """{'hidden', 'pooled'} plus, for the built heads, 'mlm_logits' (when `mlm_positions` is
-    given), 'sentence_logits' and 'class_logits' ([B, classes], float32).
+    given), 'sentence_logits' and 'class_logits' ([B, classes], float32)."""
+    return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=True)
 
-    With `features_only`, the MLM head stops before its vocabulary projection: 'mlm_features'
-    [B, P, D], 'mlm_embedding' [V, D] and 'mlm_bias' [V] instead of 'mlm_logits' (for
-    `losses.projected_cross_entropy_sums`).
-    """
+  def features(self, tokens, segments=None, *, valid=None, mlm_positions=None,
+               deterministic: bool = True) -> dict[str, jax.Array]:
+    """As `__call__`, with the MLM head stopped before its vocabulary projection:
+    'mlm_features' [B, P, D], 'mlm_embedding' [V, D] and 'mlm_bias' [V] instead of
+    'mlm_logits' (for `losses.projected_cross_entropy_sums`)."""
+    return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=False)
+
+  def _outputs(self, tokens, segments, valid, mlm_positions, deterministic: bool,
+               project: bool) -> dict[str, jax.Array]:
     hidden, pooled = self.encode(tokens, segments, valid, deterministic=deterministic)
     out = {'hidden': hidden, 'pooled': pooled}
     if self.mlm and mlm_positions is not None:
-      if features_only:
+      if project:
+        out['mlm_logits'] = self.mlm_logits(hidden, mlm_positions)
+      else:
         out['mlm_features'] = self.mlm_features(hidden, mlm_positions)
         out['mlm_embedding'], out['mlm_bias'] = self.token_embed.embedding, self.mlm_bias
-      else:
-        out['mlm_logits'] = self.mlm_logits(hidden, mlm_positions)
     if self.sentence_classes:
       out['sentence_logits'] = self.sentence_head(pooled).astype(jnp.float32)
     if self.num_labels:

@@ -11,14 +11,14 @@ model (Pre-RMSNorm, relative bias, gated GELU, no biases).
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.attention import make_padding_mask
-from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
-from transformer_jax.dense import DenseGeneral
-from transformer_jax.embedding import Embed
+from transformer_jax.layers.attention import make_padding_mask
+from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
+from transformer_jax.layers.dense import DenseGeneral
+from transformer_jax.layers.embedding import Embed
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
+from transformer_jax.special_tokens import PAD_ID
 
-PAD_ID = 0
 
 
 def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID) -> jnp.ndarray:
@@ -32,14 +32,14 @@ class EncoderDecoder(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    if cfg.share_embeddings and cfg.src_vocab_size != cfg.vocab_size:
+    if cfg.share_embeddings and cfg.source_vocab_size != cfg.vocab_size:
       raise ConfigError('share_embeddings=True needs source_vocab_size == vocab_size '
-                        f'(got {cfg.src_vocab_size} and {cfg.vocab_size})')
+                        f'(got {cfg.source_vocab_size} and {cfg.vocab_size})')
     embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
                                      stddev=cfg.embed_init_std, name=name)
     self.target_embed = embed(cfg.vocab_size, 'target_embed')
     self.source_embed = (self.target_embed if cfg.share_embeddings
-                         else embed(cfg.src_vocab_size, 'source_embed'))
+                         else embed(cfg.source_vocab_size, 'source_embed'))
     # The encoder never decodes incrementally: it runs once per source sentence.
     encoder_cfg = cfg.replace(decode=False)
     self.encoder_input = InputEmbedding(encoder_cfg, self.source_embed)
@@ -57,13 +57,15 @@ class EncoderDecoder(nn.Module):
     x = self.encoder_input(inputs, jnp.arange(inputs.shape[1]), deterministic=deterministic)
     return self.encoder(x, self_mask=make_padding_mask(valid, valid), deterministic=deterministic)
 
-  def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True,
-             features_only: bool = False):
-    """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source.
+  def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
+    """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source."""
+    y = self.decoder_features(encoded, inputs, decoder_tokens, deterministic=deterministic)
+    logits = self.target_embed.attend(y) if self.cfg.tie_output else self.logits_dense(y)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits.astype(jnp.float32)
 
-    With `features_only`, (final decoder features [B, T, D], `output_embedding()`) instead: the
-    training loss projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`,
-    a slice at a time when the table is cache-sized).
+  def decoder_features(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
+    """The decoder's final features [B, T, D] for decoder input tokens [B, T].
 
     Training passes the whole shifted target; decode mode passes one token a call. Only
     causality is needed on the decoder side: targets are right-padded, so a real query never
@@ -75,13 +77,8 @@ class EncoderDecoder(nn.Module):
     positions = self.decoder_positions(decoder_tokens.shape[1])
     cross_mask = (inputs != PAD_ID)[:, None, None, :]
     y = self.decoder_input(decoder_tokens, positions, deterministic=deterministic)
-    y = self.decoder(y, encoded, cross_mask=cross_mask, positions=positions,
-                     deterministic=deterministic)
-    if features_only:
-      return y, self.output_embedding()
-    logits = self.target_embed.attend(y) if self.cfg.tie_output else self.logits_dense(y)
-    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
-    return logits.astype(jnp.float32)
+    return self.decoder(y, encoded, cross_mask=cross_mask, positions=positions,
+                        deterministic=deterministic)
 
   def output_embedding(self) -> jnp.ndarray:
     """The [V, D] matrix the logits score features against (tied table or output kernel)."""
@@ -89,9 +86,16 @@ class EncoderDecoder(nn.Module):
       return self.target_embed.embedding
     return nn.meta.unbox(self.logits_dense.variables['params']['kernel']).T
 
-  def __call__(self, inputs, targets, *, deterministic: bool = True, features_only: bool = False):
-    """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]
-    (`features_only`: see `decode`)."""
+  def __call__(self, inputs, targets, *, deterministic: bool = True):
+    """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]."""
     encoded = self.encode(inputs, deterministic=deterministic)
-    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic,
-                       features_only=features_only)
+    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic)
+
+  def features_and_embedding(self, inputs, targets, *, deterministic: bool = True):
+    """Teacher-forced (decoder features [B, T, D], `output_embedding()`): the training loss
+    projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`, a slice
+    at a time when the table is cache-sized)."""
+    encoded = self.encode(inputs, deterministic=deterministic)
+    features = self.decoder_features(encoded, inputs, shift_right(targets),
+                                     deterministic=deterministic)
+    return features, self.output_embedding()

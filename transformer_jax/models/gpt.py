@@ -12,19 +12,25 @@ no biases): see `gpt2_config` and `llama_config`.
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.blocks import InputEmbedding, StepPositions, TransformerStack
-from transformer_jax.dense import DenseGeneral
-from transformer_jax.embedding import Embed
+from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
+from transformer_jax.layers.dense import DenseGeneral
+from transformer_jax.layers.embedding import Embed
 from transformer_jax.model_config import TransformerConfig
+
+
+# GPT-2's architecture, whatever its size: learned positions, Pre-LN, tanh-GELU, biases, tied
+# output embedding, N(0, 0.02) init. Experiment configs (experiments/configs/lm_common.py) take
+# these switches from here, so the preset is written once.
+GPT2_ARCHITECTURE = dict(norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
+                         position='learned', activation='gelu', use_bias=True, tie_output=True,
+                         scale_embeddings=False, embed_init_std=0.02)
 
 
 def gpt2_config(**overrides) -> TransformerConfig:
   """GPT-2 small (124M) by default; override sizes for smaller models."""
   values = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
                 num_decoder_layers=12, max_len=1024, dropout_rate=0.1,
-                attention_dropout_rate=0.1, norm_type='layernorm', norm_position='pre',
-                norm_epsilon=1e-5, position='learned', activation='gelu', use_bias=True,
-                tie_output=True, scale_embeddings=False, embed_init_std=0.02)
+                attention_dropout_rate=0.1, **GPT2_ARCHITECTURE)
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -59,20 +65,26 @@ class GPT(nn.Module):
       self.lm_head = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
                                   dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def __call__(self, tokens, *, deterministic: bool = True, features_only: bool = False):
-    """Logits [B, T, V]; with `features_only`, (final features [B, T, D], `output_embedding()`)
-    for a loss that projects them itself (`losses.projected_cross_entropy_sums`)."""
+  def __call__(self, tokens, *, deterministic: bool = True):
+    """Logits [B, T, V] (float32) for tokens [B, T]."""
+    x = self.features(tokens, deterministic=deterministic)
+    logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits.astype(jnp.float32)
+
+  def features_and_embedding(self, tokens, *, deterministic: bool = True):
+    """(final features [B, T, D], `output_embedding()`): for a loss that projects onto the
+    vocabulary itself, a slice at a time (`losses.projected_cross_entropy_sums`)."""
+    return self.features(tokens, deterministic=deterministic), self.output_embedding()
+
+  def features(self, tokens, *, deterministic: bool = True):
+    """The final layer's features [B, T, D], before the vocabulary projection."""
     positions = self.positions(tokens.shape[1])
     # No [T, T] mask: the stack's attention is causal by construction (the kernels apply
     # causality themselves and may skip hidden blocks; a mask would reach a flash kernel as a
     # score-sized bias). In decode mode the KV cache's mask provides it.
     x = self.input_embedding(tokens, positions, deterministic=deterministic)
-    x = self.stack(x, positions=positions, deterministic=deterministic)
-    if features_only:
-      return x, self.output_embedding()
-    logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
-    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
-    return logits.astype(jnp.float32)
+    return self.stack(x, positions=positions, deterministic=deterministic)
 
   def output_embedding(self) -> jnp.ndarray:
     """The [V, D] matrix the logits score features against (tied table or output kernel)."""

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import sharding
-from transformer_jax.losses import cross_entropy_sums, projected_cross_entropy_sums
+from transformer_jax.parallel import sharding
+from transformer_jax.layers.losses import cross_entropy_sums, projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert
 
@@ -30,11 +30,11 @@ class BertPretrainTask:
   """Masked-LM loss (+ the 2-way sentence loss for NSP or SOP); loss = MLM mean + sentence mean."""
 
   def __init__(self, cfg: TransformerConfig, *, sentence_task: str = 'nsp',
-               type_vocab_size: int = 2):
+               type_vocab_size: int = 2, eval_batches=()):
     self.cfg, self.sentence_task = cfg, sentence_task
     self.model = Bert(cfg, type_vocab_size=type_vocab_size, mlm=True,
                       sentence_classes=0 if sentence_task == 'none' else 2)
-    self.eval_batches: list = []  # held-out batches for the sentence-task accuracy
+    self.eval_batches = list(eval_batches)  # held-out batches for the sentence-task accuracy
     self._eval_fn = jax.jit(self._sentence_sums)
 
   def init_variables(self, rng):
@@ -43,14 +43,14 @@ class BertPretrainTask:
     return self.model.init({'params': rng, 'dropout': rng}, tokens, jnp.zeros_like(tokens),
                            mlm_positions=jnp.zeros((1, 2), jnp.int32))
 
-  def _apply(self, params, batch, rng, deterministic, features_only=False):
+  def _apply(self, params, batch, rng, deterministic, method=None):
     rngs = None if deterministic else {'dropout': rng}
     return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
                             mlm_positions=batch['mlm_positions'], deterministic=deterministic,
-                            rngs=rngs, features_only=features_only)
+                            rngs=rngs, method=method)
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
-    out = self._apply(params, batch, rng, deterministic, features_only=True)
+    out = self._apply(params, batch, rng, deterministic, method=Bert.features)
     _, nll, correct, weight = projected_cross_entropy_sums(
         out['mlm_features'], out['mlm_embedding'], batch['mlm_ids'], batch['mlm_weights'],
         bias=out['mlm_bias'])
@@ -71,12 +71,12 @@ class BertPretrainTask:
   def count_tokens(self, batch) -> int:
     return _count_tokens(batch)
 
-  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+  def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Sentence-task (NSP/SOP) loss and accuracy on the held-out batches."""
     if self.sentence_task == 'none' or not self.eval_batches:
       return {}
-    with sharding.use_mesh(trainer.mesh, trainer.rules):
-      sums = [self._eval_fn(params, trainer.to_global(b)) for b in self.eval_batches]
+    with sharding.use_mesh(context.mesh):
+      sums = [self._eval_fn(params, context.to_global(b)) for b in self.eval_batches]
     nll, correct, weight = np.sum(np.asarray(jax.device_get(sums)), axis=0)
     return {f'{self.sentence_task}_loss': float(nll / max(weight, 1.0)),
             f'{self.sentence_task}_accuracy': float(correct / max(weight, 1.0))}
@@ -108,5 +108,5 @@ class BertClassificationTask:
   def count_tokens(self, batch) -> int:
     return _count_tokens(batch)
 
-  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+  def evaluate(self, context, params, step: int) -> dict[str, float]:
     return {}

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax import decoding, scan_layout
-from transformer_jax.blocks import empty_cache
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.inference import search
+from transformer_jax.layers import scan_layout
+from transformer_jax.layers.blocks import empty_cache
+from transformer_jax.special_tokens import PAD_ID
 from transformer_jax.errors import ConfigError
-from transformer_jax.losses import projected_cross_entropy_sums
+from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
 
@@ -48,7 +49,7 @@ class LanguageModelTask:
     self.attention_text = attention_text  # read at every evaluation for the attention pictures
     # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
     self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'),
-                               compiler_options=decoding.decode_compiler_options())
+                               compiler_options=search.decode_compiler_options())
 
   # -- training -------------------------------------------------------------------------------
 
@@ -61,7 +62,7 @@ class LanguageModelTask:
     rngs = None if deterministic else {'dropout': rng}
     features, embedding = self.model.apply({'params': params}, batch['inputs'],
                                            deterministic=deterministic, rngs=rngs,
-                                           features_only=True)
+                                           method=GPT.features_and_embedding)
     weights = jnp.ones(batch['targets'].shape, jnp.float32)
     _, nll_sum, correct, weight = projected_cross_entropy_sums(features, embedding,
                                                                batch['targets'], weights)
@@ -93,7 +94,7 @@ class LanguageModelTask:
       logits, cache = run(tokens, cache)
       return logits[:, -1, :], cache
 
-    return decoding.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1],
+    return search.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1],
                            max_len=num_new, temperature=temperature, top_k=top_k, top_p=top_p,
                            eos_id=eos_id)
 
@@ -102,7 +103,7 @@ class LanguageModelTask:
                eos_id: int | None = None) -> np.ndarray:
     """Continues every row of `prompt_tokens` [B, P]; returns int32[B, max_new_tokens].
 
-    Sampling as in `decoding.sample` (temperature 0 = greedy). The same rng gives the same
+    Sampling as in `search.sample` (temperature 0 = greedy). The same rng gives the same
     tokens. With an EOS (default: the task's), a row is PAD after its EOS.
 
     Context policy: the model never sees more than cfg.max_len tokens. A prompt longer than
@@ -158,7 +159,7 @@ class LanguageModelTask:
                         temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
     return self.tokenizer.decode(list(self.sample_prompt)) + self.tokenizer.decode(new[0])
 
-  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+  def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Writes a generated sample to the log and TensorBoard; adds no metric."""
     if self.tokenizer is None or not self.sample_prompt or self.sample_tokens <= 0:
       return {}
@@ -166,7 +167,7 @@ class LanguageModelTask:
     text = self.sample_text(params)
     logging.info('step %d sample (%d tokens, %.1f s):\n%s', step, self.sample_tokens,
                  time.time() - start, text)
-    trainer.write_text(step, 'samples', text.replace('\n', '  \n'))
+    context.write_text(step, 'samples', text.replace('\n', '  \n'))
     return {}
 
   def summary_images(self, params) -> dict[str, np.ndarray]:

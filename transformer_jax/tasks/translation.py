@@ -13,10 +13,12 @@ import numpy as np
 import sacrebleu
 from absl import logging
 
-from transformer_jax import decoding, scan_layout, sharding
-from transformer_jax.blocks import empty_cache
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.losses import projected_cross_entropy_sums
+from transformer_jax.inference import search
+from transformer_jax.layers import scan_layout
+from transformer_jax.parallel import sharding
+from transformer_jax.layers.blocks import empty_cache
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
+from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models import EncoderDecoder
 
@@ -51,7 +53,7 @@ class TranslationTask:
     rngs = None if deterministic else {'dropout': rng}
     features, embedding = self.model.apply({'params': params}, batch['inputs'], batch['targets'],
                                            deterministic=deterministic, rngs=rngs,
-                                           features_only=True)
+                                           method=EncoderDecoder.features_and_embedding)
     weights = batch['targets'] != PAD_ID
     smooth_sum, nll_sum, correct, weight = projected_cross_entropy_sums(
         features, embedding, batch['targets'], weights,
@@ -67,8 +69,8 @@ class TranslationTask:
     encoded = self.model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
     cache = empty_cache(self.decode_model, inputs, jnp.zeros((batch_size, max_len), jnp.int32))
     decode_params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
-    encoded_b = decoding.expand_to_beams(encoded, beam_size)
-    inputs_b = decoding.expand_to_beams(inputs, beam_size)
+    encoded_b = search.expand_to_beams(encoded, beam_size)
+    inputs_b = search.expand_to_beams(inputs, beam_size)
 
     def tokens_to_logits(tokens, cache):
       logits, updated = self.decode_model.apply(
@@ -77,9 +79,9 @@ class TranslationTask:
       return logits[:, -1, :], updated['cache']
 
     if beam_size == 1:
-      return decoding.greedy_search(tokens_to_logits, cache, batch_size=batch_size,
+      return search.greedy_search(tokens_to_logits, cache, batch_size=batch_size,
                                     max_len=max_len, eos_id=EOS_ID)
-    sequences, _ = decoding.beam_search(tokens_to_logits, cache, batch_size=batch_size,
+    sequences, _ = search.beam_search(tokens_to_logits, cache, batch_size=batch_size,
                                         beam_size=beam_size, max_len=max_len, alpha=alpha,
                                         eos_id=EOS_ID)
     return sequences[:, 0, :]
@@ -89,7 +91,7 @@ class TranslationTask:
     if key not in self._predict_fns:
       self._predict_fns[key] = jax.jit(functools.partial(
           self.predict_tokens, max_len=max_len, beam_size=beam_size, alpha=alpha),
-          out_shardings=sharding.replicated(mesh), compiler_options=decoding.decode_compiler_options())
+          out_shardings=sharding.replicated(mesh), compiler_options=search.decode_compiler_options())
     return self._predict_fns[key]
 
   def translate(self, params, sources: list[str], mesh, *, beam_size: int | None = None,
@@ -122,12 +124,12 @@ class TranslationTask:
 
   # -- evaluation -----------------------------------------------------------------------------
 
-  def evaluate(self, trainer, params, step: int) -> dict[str, float]:
+  def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Detokenised, cased sacreBLEU on the validation set, plus sample translations in the log."""
     if not self.eval_sources:
       return {}
     start = time.time()
-    hypotheses = self.translate(params, self.eval_sources, trainer.mesh)
+    hypotheses = self.translate(params, self.eval_sources, context.mesh)
     bleu = sacrebleu.corpus_bleu(hypotheses, [self.eval_references])
     samples = []
     for i in range(min(self.num_samples, len(hypotheses))):
@@ -135,7 +137,7 @@ class TranslationTask:
                      f'OUT: {hypotheses[i]}')
     logging.info('step %d: BLEU %.2f on %d sentences (beam %d, %.1f s)\n%s', step, bleu.score,
                  len(hypotheses), self.beam_size, time.time() - start, '\n\n'.join(samples))
-    trainer.write_text(step, 'samples', '\n\n'.join(s.replace('\n', '  \n') for s in samples))
+    context.write_text(step, 'samples', '\n\n'.join(s.replace('\n', '  \n') for s in samples))
     exact = float(np.mean([h.strip() == r.strip() for h, r in
                            zip(hypotheses, self.eval_references)]))
     return {'bleu': bleu.score, 'exact_match': exact}

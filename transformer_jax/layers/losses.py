@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from transformer_jax.embedding import whole_rows
+from transformer_jax.layers.embedding import whole_rows
 
 
 def _is_top(scores, target_score):

@@ -18,7 +18,8 @@ import os
 import numpy as np
 from absl import logging
 
-from transformer_jax import experiment
+from transformer_jax.cli import validation
+from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data import tokenizer as tok
 from transformer_jax.errors import ConfigError
@@ -79,13 +80,19 @@ def model_config(config, vocab_size: int):
                                 max_len=int(config.data.block_size), num_encoder_layers=0)
 
 
+def validate(config):
+  """Every check of a language-model run, before anything is read or written: the model shape
+  (with the requested vocabulary size, before a tokenizer is trained), training switches, the
+  batch against the mesh."""
+  validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
+  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
+  validation.check_training(config, int(config.data.batch_size))
+
+
 def build(config, workdir: str, train_documents: list[str] | None = None):
   """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
   from transformer_jax.tasks.lm import LanguageModelTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  # Fail on a bad model shape before a tokenizer is trained and written.
-  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
-  experiment.check_mesh(config, int(config.data.batch_size))
+  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
   tokenizer = load_tokenizer(config, workdir, train_documents)
   sample = config.eval
   task = LanguageModelTask(
@@ -115,15 +122,11 @@ def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (or resumes) to train.num_steps; returns the trainer's final metrics."""
-  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
-                                            'log_every'))
-  experiment.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
-  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
-  experiment.check_mesh(config, int(config.data.batch_size))
+  validate(config)
   os.makedirs(workdir, exist_ok=True)
   train_docs, valid_docs = load_documents(config)
   task, trainer, tokenizer = build(config, workdir, train_docs)
-  experiment.save_config(config, workdir)
+  save_config(config, workdir)
   train_tokens, valid_tokens = encode(tokenizer, train_docs), encode(tokenizer, valid_docs)
   logging.info('tokens: %s train, %s validation; vocabulary %d', f'{len(train_tokens):,}',
                f'{len(valid_tokens):,}', tokenizer.vocab_size)
@@ -136,5 +139,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 def restore_for_inference(config, workdir: str):
   """(task, trainer, tokenizer, params) of the workdir's latest checkpoint."""
+  validate(config)
   task, trainer, tokenizer = build(config, workdir)
   return task, trainer, tokenizer, trainer.restore_params()

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer_jax.masks import as_4d
+from transformer_jax.kernels.masks import as_4d
 
 
 def _add_halves(part: Callable[[int, int], jnp.ndarray], n: int, axis: int) -> jnp.ndarray:
@@ -67,7 +67,7 @@ def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.fl
   each into vectorised passes over the cache in place. As dots, XLA:CPU copied (transposed)
   every layer's cache in every step, which cost more than the attention itself at long
   contexts; as `jnp.sum(a * b)` it wrote out the product first. (On CPU, jit decode loops with
-  `decoding.decode_compiler_options()`.)
+  `search.decode_compiler_options()`.)
   """
   b, t, h, d = q.shape
   if t != 1:

@@ -15,12 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.attention import MultiHeadAttention
-from transformer_jax.embedding import Embed
-from transformer_jax.feedforward import FeedForward
+from transformer_jax.layers.attention import MultiHeadAttention
+from transformer_jax.layers.embedding import Embed
+from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.normalization import make_norm
-from transformer_jax.position import (AbsolutePositionEmbedding, RelativePositionBias,
+from transformer_jax.layers.normalization import make_norm
+from transformer_jax.layers.position import (AbsolutePositionEmbedding, RelativePositionBias,
                                       relative_position_bias)
 
 ACTIVATION_AXES = ('batch', 'length', 'embed')

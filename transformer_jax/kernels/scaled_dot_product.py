@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.masks import as_4d, combine_masks, make_causal_mask
+from transformer_jax.kernels.masks import as_4d, combine_masks, make_causal_mask
 
 
 def reference_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dropout_rate=0.0,

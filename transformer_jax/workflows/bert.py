@@ -17,7 +17,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer_jax import experiment
+from transformer_jax.cli import validation
+from transformer_jax.cli.workdir import load_saved_config, save_config
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import model_config_from_dict
 
@@ -95,21 +96,30 @@ def pretrain_model_config(config, vocab_size: int):
   return model_config_from_dict(config.model, vocab_size=vocab_size, num_decoder_layers=0)
 
 
-def build_pretrain(config, workdir: str, train_documents=None):
-  """(task, trainer, tokenizer) for a pretraining config."""
-  from transformer_jax.tasks.bert import SENTENCE_TASKS, BertPretrainTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
+def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
+  """(task, trainer, tokenizer) for a pretraining config; the workdir's tokenizer if none is given."""
+  from transformer_jax.tasks.bert import BertPretrainTask  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  if tokenizer is None:
+    tokenizer = pretrain_tokenizer(config, workdir)
+  cfg = pretrain_model_config(config, tokenizer.vocab_size)
+  task = BertPretrainTask(cfg, sentence_task=config.data.sentence_task, eval_batches=eval_batches)
+  return task, Trainer(config, task, workdir), tokenizer
+
+
+def validate_pretrain(config):
+  """Every check of a pretraining run, before anything is read or written."""
+  from transformer_jax.tasks.bert import SENTENCE_TASKS  # pylint: disable=g-import-not-at-top
+  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'max_predictions',
+                                            'mask_rate', 'sentence_task', 'eval_batches'))
   task_name = config.data.sentence_task
   if task_name not in SENTENCE_TASKS:
     raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
-  cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))  # fail early on shape
+  cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))
   if int(config.data.max_len) > cfg.max_len:
     raise ConfigError(f'data.max_len={config.data.max_len} exceeds model.max_len={cfg.max_len} '
                       '(the position table)')
-  tokenizer = pretrain_tokenizer(config, workdir, train_documents)
-  cfg = pretrain_model_config(config, tokenizer.vocab_size)
-  task = BertPretrainTask(cfg, sentence_task=task_name)
-  return task, Trainer(config, task, workdir), tokenizer
+  validation.check_training(config, int(config.data.batch_size))
 
 
 def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
@@ -135,21 +145,16 @@ def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
 
 def pretrain(config, workdir: str) -> dict:
   """Pretrains (or resumes) to train.num_steps; returns the trainer's final metrics."""
-  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
-                                            'log_every'))
-  experiment.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'max_predictions',
-                                            'mask_rate', 'sentence_task', 'eval_batches'))
-  pretrain_model_config(config, int(config.tokenizer.vocab_size))
-  experiment.check_mesh(config, int(config.data.batch_size))
+  validate_pretrain(config)
   train_docs, valid_docs = load_documents(config)
   os.makedirs(workdir, exist_ok=True)
-  task, trainer, tokenizer = build_pretrain(config, workdir, train_docs)
-  experiment.save_config(config, workdir)
+  tokenizer = pretrain_tokenizer(config, workdir, train_docs)
   train_data, valid_batches = make_pretrain_data(config, tokenizer, train_docs, valid_docs)
+  task, trainer, _ = build_pretrain(config, workdir, tokenizer, valid_batches)
+  save_config(config, workdir)
   logging.info('documents: %d train (%d lines), %d held out (%d lines); vocabulary %d',
                len(train_docs), sum(map(len, train_docs)), len(valid_docs),
                sum(map(len, valid_docs)), tokenizer.vocab_size)
-  task.eval_batches = valid_batches
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   results['params'] = trainer.num_params()
   trainer.close()
@@ -158,7 +163,7 @@ def pretrain(config, workdir: str) -> dict:
 
 def restore_pretrained(workdir: str):
   """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint."""
-  config = experiment.load_saved_config(workdir)
+  config = load_saved_config(workdir)
   _, trainer, tokenizer = build_pretrain(config, workdir)
   params = jax.device_get(trainer.restore_params())
   cfg = pretrain_model_config(config, tokenizer.vocab_size)
@@ -206,17 +211,21 @@ def load_classification_data(config) -> dict:
   return splits
 
 
+def validate_finetune(config):
+  """The checks of a fine-tuning run that need no data; the pretrained model's position table
+  is checked against data.max_len once it is loaded, still before anything is written."""
+  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'num_labels'))
+  validation.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
+  validation.check_training(config, int(config.data.batch_size))
+
+
 def finetune(config, workdir: str) -> dict:
   """Fine-tunes a pretrained BERT on sentence classification; returns final metrics with
   'dev_accuracy' (accuracy on the whole dev split)."""
   from transformer_jax.data import classification  # pylint: disable=g-import-not-at-top
   from transformer_jax.tasks.bert import BertClassificationTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
-                                            'log_every'))
-  experiment.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'num_labels'))
-  experiment.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
-  experiment.check_mesh(config, int(config.data.batch_size))
+  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  validate_finetune(config)
   splits = load_classification_data(config)
   cfg, pretrained, tokenizer, type_vocab_size = load_init(config)
   os.makedirs(workdir, exist_ok=True)
@@ -224,7 +233,7 @@ def finetune(config, workdir: str) -> dict:
   if max_len > cfg.max_len:
     raise ConfigError(f'data.max_len={max_len} exceeds the model position table ({cfg.max_len})')
   tokenizer.save(os.path.join(workdir, VOCAB_FILE))
-  experiment.save_config(config, workdir)
+  save_config(config, workdir)
   index, count = _process()
   encode = lambda split: classification.encode_examples(tokenizer, splits[split][0], max_len)
   batch = int(config.data.batch_size)

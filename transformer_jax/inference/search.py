@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
+
 PyTree = Any
 TokensToLogits = Callable[[jnp.ndarray, PyTree], tuple[jnp.ndarray, PyTree]]
 # Picks the next token of every row from its logits; `step` lets a sampler fold it into its
 # PRNG key, so the loop itself needs no randomness.
 SelectFn = Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]
 
-PAD_ID = 0
-EOS_ID = 1
 
 # ---------------------------------------------------------------------------------------------
 # Beam helpers. A "beam" tensor is [B, beam, ...]; the model sees it flattened to [B*beam, ...]

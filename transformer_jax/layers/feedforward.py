@@ -5,7 +5,7 @@ import functools
 import flax.linen as nn
 import jax
 
-from transformer_jax.dense import DenseGeneral
+from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.model_config import TransformerConfig
 
 # tanh-approximate GELU is what GPT-2 and BERT's reference code use; 'gelu_exact' is erf-based.

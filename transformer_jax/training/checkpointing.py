@@ -35,6 +35,10 @@ class Checkpointer:
         item_handlers={'state': ocp.StandardCheckpointHandler(),
                        'data': ocp.JsonCheckpointHandler()})
 
+  def all_steps(self) -> list[int]:
+    """Steps of the checkpoints kept, oldest first."""
+    return sorted(self.manager.all_steps())
+
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 

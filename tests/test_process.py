@@ -5,12 +5,12 @@ import os
 import subprocess
 import sys
 
-from transformer_jax import runtime
+from transformer_jax.cli import process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = ('from transformer_jax import runtime\nruntime.setup_allocator()\nimport os\n'
+SCRIPT = ('from transformer_jax.cli import process\nprocess.setup_allocator()\nimport os\n'
           'print(os.getpid(), os.environ.get("LD_PRELOAD", ""), os.environ.get("MALLOC_CONF"), '
-          'os.environ.get("GLIBC_TUNABLES"), runtime.allocator_description(), sep="|")')
+          'os.environ.get("GLIBC_TUNABLES"), process.allocator_description(), sep="|")')
 
 
 def run_script(tmp_path, **env_overrides):
@@ -26,17 +26,17 @@ def run_script(tmp_path, **env_overrides):
 
 def test_entry_point_reexecs_under_jemalloc_with_our_conf(tmp_path):
   _, preload, malloc_conf, tunables, description = run_script(tmp_path)
-  if runtime.find_jemalloc():
-    assert preload.startswith(runtime.find_jemalloc())
-    assert malloc_conf == runtime.JEMALLOC_CONF
+  if process.find_jemalloc():
+    assert preload.startswith(process.find_jemalloc())
+    assert malloc_conf == process.JEMALLOC_CONF
     assert 'oversize_threshold:0' in malloc_conf and description.startswith('jemalloc')
   else:
-    assert tunables == runtime.GLIBC_TUNABLES and description.startswith('glibc')
+    assert tunables == process.GLIBC_TUNABLES and description.startswith('glibc')
 
 
 def test_user_choices_are_kept(tmp_path):
   assert run_script(tmp_path, TRANSFORMER_JAX_ALLOCATOR='system')[4].startswith('system malloc')
-  if runtime.find_jemalloc():
+  if process.find_jemalloc():
     assert run_script(tmp_path, MALLOC_CONF='retain:true')[2] == 'retain:true'
   else:
     assert run_script(tmp_path, GLIBC_TUNABLES='glibc.malloc.arena_max=2')[3] == (
@@ -44,7 +44,7 @@ def test_user_choices_are_kept(tmp_path):
 
 
 CACHE_SCRIPT = (
-    'from transformer_jax import runtime\nprint(runtime.enable_compilation_cache(), flush=True)\n'
+    'from transformer_jax.cli import process\nprint(process.enable_compilation_cache(), flush=True)\n'
     'import jax\njax.config.update("jax_persistent_cache_min_compile_time_secs", 0)\n'
     'print(int(jax.jit(lambda x: x * 3 + 1)(2)))')
 

@@ -14,10 +14,10 @@ JEMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libjemalloc.so.2',
                   '/usr/lib/aarch64-linux-gnu/libjemalloc.so.2', '/usr/lib/libjemalloc.so.2',
                   '/usr/local/lib/libjemalloc.so.2')
 # Keep freed pages (no decay) and serve large requests from the regular per-thread arenas too.
-# (Session 6 measured 3 of 13 benchmark processes with ~100k faults per timed step with
-# jemalloc's dedicated arena for requests over 8 MiB, none of 13 without it; session 7 found
-# those to be one fresh ~1.5 GB set of buffers touched once, in one step whose position varies,
-# which still happens now and then; see benchmarks/train_step.py.)
+# (With jemalloc's dedicated arena for requests over 8 MiB, 3 of 13 benchmark processes had
+# ~100k faults per timed step, none of 13 without it; those faults are one fresh ~1.5 GB set of
+# buffers touched once, in one step whose position varies, which still happens now and then:
+# see benchmarks/train_step.py and docs/performance.md.)
 JEMALLOC_CONF = 'retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0'
 GLIBC_TUNABLES = ('glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:'
                   'glibc.malloc.trim_threshold=17179869184')

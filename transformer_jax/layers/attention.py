@@ -15,15 +15,15 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
-from transformer_jax.dense import DenseGeneral
+from transformer_jax.layers.dense import DenseGeneral
 # Re-exported: the attention API in one place.
-from transformer_jax.decode_attention import (  # pylint: disable=unused-import
+from transformer_jax.kernels.cached_attention import (  # pylint: disable=unused-import
     decode_step_attention, halving_dot, halving_sum)
-from transformer_jax.masks import (  # pylint: disable=unused-import
+from transformer_jax.kernels.masks import (  # pylint: disable=unused-import
     combine_masks, make_causal_mask, make_padding_mask)
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.position import apply_rotary
-from transformer_jax.scaled_dot_product import (  # pylint: disable=unused-import
+from transformer_jax.layers.position import apply_rotary
+from transformer_jax.kernels.scaled_dot_product import (  # pylint: disable=unused-import
     auto_implementation, chunked_attention, default_chunk_size, dot_product_attention,
     reference_attention)
 
@@ -60,9 +60,9 @@ class MultiHeadAttention(nn.Module):
     context = x if is_self else context
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
                               param_dtype=cfg.param_dtype, kernel_init=self.kernel_init)
-    q = dense((cfg.num_heads, cfg.qkv_dim), ('embed', 'heads', 'kv'), name='query')(x)
-    k = dense((cfg.kv_heads, cfg.qkv_dim), ('embed', 'kv_heads', 'kv'), name='key')(context)
-    v = dense((cfg.kv_heads, cfg.qkv_dim), ('embed', 'kv_heads', 'kv'), name='value')(context)
+    q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), name='query')(x)
+    k = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'kv'), name='key')(context)
+    v = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'kv'), name='value')(context)
     q = nn.with_logical_constraint(q, ('batch', 'length', 'heads', 'kv'))
     k = nn.with_logical_constraint(k, ('batch', 'length', 'kv_heads', 'kv'))
     v = nn.with_logical_constraint(v, ('batch', 'length', 'kv_heads', 'kv'))

@@ -8,7 +8,8 @@ import os
 
 from absl import logging
 
-from transformer_jax import experiment
+from transformer_jax.cli import validation
+from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import batching, text, tokenizer as tok
 from transformer_jax.data.numbers import make_numbers_splits
 from transformer_jax.errors import ConfigError
@@ -62,23 +63,24 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
 
 # -- composition --------------------------------------------------------------------------------
 
-def check_model_config(config):
-  """Validates config.model (with the requested vocabulary size) before anything is written.
+def validate(config):
+  """Every check of a translation run, before anything is read or written.
 
-  The real vocabulary size is only known once the tokenizer exists; checking first means a
-  bad width or head count fails in seconds, not after reading the data and training a
-  tokenizer, and leaves no tokenizer behind in the workdir.
+  The model is checked with the requested vocabulary size: the real one is only known once
+  the tokenizer exists, and checking first means a bad width or head count fails in seconds,
+  not after reading the data and training a tokenizer. Batches are sized by the batcher to a
+  multiple of data x fsdp (x accumulation steps), so no batch size is checked here.
   """
+  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
   model_config_from_dict(config.model, vocab_size=int(config.tokenizer.vocab_size),
                          max_len=config.data.max_len)
-  experiment.check_mesh(config)  # batches are sized to a multiple of data x fsdp
+  validation.check_training(config)
 
 
 def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
   """Tokenizers, task and trainer for `config` (the model sized to the tokenizers)."""
   from transformer_jax.tasks.translation import TranslationTask
-  from transformer_jax.trainer import Trainer
-  check_model_config(config)
+  from transformer_jax.training.trainer import Trainer
   src_tok, tgt_tok = load_tokenizers(config, workdir, train_pairs)
   model_cfg = model_config_from_dict(
       config.model, vocab_size=tgt_tok.vocab_size, max_len=config.data.max_len,
@@ -98,11 +100,12 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   data = config.data
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
-  from transformer_jax.sharding import data_parallel_size
+  from transformer_jax.parallel.sharding import data_parallel_size
   return batching.BucketedBatcher(
       src_ids, tgt_ids, batch_tokens=data.batch_tokens,
       buckets=batching.bucket_lengths(data.max_len, data.buckets), seed=config.seed, shuffle=train,
-      multiple_of=data_parallel_size(trainer.mesh), process_index=jax.process_index(),
+      multiple_of=data_parallel_size(trainer.mesh) * (trainer.accumulation_steps if train else 1),
+      process_index=jax.process_index(),
       process_count=jax.process_count())
 
 
@@ -121,15 +124,13 @@ def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
 # -- modes --------------------------------------------------------------------------------------
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  experiment.require_keys(config, 'train', ('num_steps', 'eval_every', 'checkpoint_every',
-                                            'log_every'))
-  check_model_config(config)
+  validate(config)
   train_pairs = load_split(config, config.data.train_prefix)
   if config.data.max_train_examples:
     train_pairs = tuple(side[:config.data.max_train_examples] for side in train_pairs)
   valid_pairs = load_split(config, config.data.valid_prefix)
   task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
-  experiment.save_config(config, workdir)
+  save_config(config, workdir)
   train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
   valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
   logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
@@ -151,8 +152,8 @@ def choose_average(config, task, trainer, valid_pairs, results):
   """Params of the last checkpoint or the average of the last k, whichever has the better
   validation BLEU (the test set plays no part in the choice)."""
   import sacrebleu
-  from transformer_jax.checkpointing import average_params
-  steps = sorted(trainer.checkpointer.manager.all_steps())[-config.eval.average_last:]
+  from transformer_jax.training.checkpointing import average_params
+  steps = trainer.checkpointer.all_steps()[-config.eval.average_last:]
   if len(steps) < 2:
     return trainer.state.params, False
   averaged = average_params(trainer.checkpointer, trainer.abstract_state, steps)
@@ -173,5 +174,6 @@ def choose_average(config, task, trainer, valid_pairs, results):
 
 def restore_for_inference(config, workdir: str):
   """(task, trainer, params) of the workdir's latest checkpoint."""
+  validate(config)
   task, trainer, _ = build(config, workdir)
   return task, trainer, trainer.restore_params()

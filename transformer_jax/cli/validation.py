@@ -1,0 +1,72 @@
+"""The checks a run makes once, before anything is written: required keys, the model config,
+the training switches, the mesh against the devices and the batch, the attention kernel
+against the backend.
+
+Each workflow (`workflows/*.py`) calls these from its own `validate(config)` as its first
+step, so a wrong config leaves the workdir untouched and fails in seconds with one line.
+"""
+
+from transformer_jax.errors import ConfigError
+
+TRAIN_KEYS = ('num_steps', 'eval_every', 'checkpoint_every', 'log_every')
+
+
+def require_keys(config, section: str, keys: tuple[str, ...]):
+  """Names a missing config key up front instead of failing deep inside training."""
+  node = config
+  for part in section.split('.'):
+    if part not in node:
+      raise ConfigError(f'config has no section {section!r}')
+    node = node[part]
+  missing = [k for k in keys if k not in node]
+  if missing:
+    raise ConfigError(f'config section {section!r} is missing {missing}')
+
+
+def check_training(config, global_batch: int | None = None):
+  """train.* switches, the mesh against the devices, `global_batch` rows (when the config fixes
+  them) against data x fsdp and the accumulation steps, and a named attention kernel against
+  the backend. Starts multi-host jobs (`distributed.initialize`) first: the device count is
+  global."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer_jax.parallel import distributed, sharding  # pylint: disable=g-import-not-at-top
+  require_keys(config, 'train', TRAIN_KEYS)
+  train = config.train
+  for key in TRAIN_KEYS:
+    if int(train[key]) < 0 or (key in ('num_steps', 'log_every') and int(train[key]) == 0):
+      raise ConfigError(f'train.{key} must be positive, got {train[key]}')
+  accumulation = int(train.get('accumulation_steps', 1))
+  if accumulation < 1:
+    raise ConfigError(f'train.accumulation_steps must be >= 1, got {accumulation}')
+  distributed.initialize(config)
+  mesh = config.get('mesh', None)
+  data, fsdp, _ = sharding.mesh_shape(dict(mesh or {'data': -1}), jax.device_count())
+  if global_batch is not None and global_batch % (data * fsdp):
+    raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
+                      f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {jax.device_count()} '
+                      'devices); change data.batch_size or mesh.data/mesh.fsdp')
+  if global_batch is not None and accumulation > 1 and global_batch % (data * fsdp * accumulation):
+    raise ConfigError(f'batch of {global_batch} rows cannot be cut into train.accumulation_steps='
+                      f'{accumulation} micro-batches over {data * fsdp} data-parallel devices; '
+                      f'make data.batch_size a multiple of {data * fsdp * accumulation}')
+  unavailable = attention_kernel_unavailable(config)
+  if unavailable:
+    raise ConfigError(f"{unavailable}: use 'auto' (the best kernel per backend), 'chunked', "
+                      "'xla' or 'reference'")
+
+
+def attention_kernel_unavailable(config) -> str | None:
+  """Why config.model.attention_implementation (a fused kernel) can't run here, or None."""
+  # pylint: disable-next=g-import-not-at-top
+  from transformer_jax.kernels.scaled_dot_product import KERNEL_BACKENDS
+  implementation = config.get('model', {}).get('attention_implementation', 'auto')
+  needs = KERNEL_BACKENDS.get(implementation)
+  if needs is None:
+    return None  # (asks for no backend, so jax's backend is not started here)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() == needs:
+    return None
+  return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
+          f'and this run is on {jax.default_backend().upper()}')
+
+

@@ -1,0 +1,1 @@
+"""Autoregressive search over a model's KV cache: greedy, beam search and sampling."""

@@ -1,1 +1,0 @@
-"""Experiments as library functions: config in, trained workdir and results out."""

@@ -1,0 +1,64 @@
+"""The pure step functions the trainer jits: (state, batch) -> (state, metrics), and eval.
+
+The dropout key for step s is fold_in(key(seed), s), so a resumed run draws exactly the same
+randomness. A non-finite loss or gradient keeps the old state (the step is counted as skipped);
+the trainer stops the run after too many in a row.
+"""
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from transformer_jax.training.accumulation import accumulated_value_and_grad
+
+Batch = dict[str, np.ndarray]
+Metrics = dict[str, jnp.ndarray]
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray
+  params: Any
+  opt_state: Any
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, seed: int,
+                    accumulation_steps: int = 1):
+  """(state, batch) -> (state, metrics); a non-finite loss or gradient skips the update.
+
+  With accumulation_steps k > 1 the batch is k micro-batches, run one at a time
+  (`accumulation.py`): the same update with 1/k of the activation memory.
+  """
+  base_key = jax.random.key(seed)
+
+  def train_step(state: TrainState, batch: Batch):
+    rng = jax.random.fold_in(base_key, state.step)
+    if accumulation_steps > 1:
+      (loss, metrics), grads = accumulated_value_and_grad(loss_fn, state.params, batch, rng,
+                                                          accumulation_steps)
+    else:
+      grad_fn = jax.value_and_grad(lambda p: loss_fn(p, batch, rng, False), has_aux=True)
+      (loss, metrics), grads = grad_fn(state.params)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(step=state.step + 1, params=keep(new_params, state.params),
+                           opt_state=keep(new_opt_state, state.opt_state))
+    metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.int32),
+                   loss_mean=loss)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(loss_fn: Callable):
+  """params, batch -> metric sums of the deterministic loss (no dropout)."""
+  def eval_step(params, batch: Batch) -> Metrics:
+    return loss_fn(params, batch, None, True)[1]
+  return eval_step
