@@ -144,7 +144,7 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
   params = jax.jit(lambda key: nn.meta.unbox(model.init(key, inputs[:1], inputs[:1, :4])))(
       jax.random.key(0))['params']
 
-  def search(params, inputs, tokens_to_logits_fn, cache):
+  def best_sequences(params, inputs, tokens_to_logits_fn, cache):
     encoded = model.apply({'params': params}, inputs, method=EncoderDecoder.encode)
     encoded_b = search.expand_to_beams(encoded, beam)
     inputs_b = search.expand_to_beams(inputs, beam)
@@ -171,13 +171,13 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
   @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
   def cached(params, inputs):
     cache = empty_cache(decoder, inputs, jnp.zeros((batch_size, target_len), jnp.int32))
-    return search(params, inputs, cached_logits, cache)
+    return best_sequences(params, inputs, cached_logits, cache)
 
   @jax.jit
   def recompute(params, inputs):
     cache = {'history': jnp.zeros((batch_size, target_len), jnp.int32),
              'step': jnp.zeros((), jnp.int32)}
-    return search(params, inputs, recomputed_logits, cache)
+    return best_sequences(params, inputs, recomputed_logits, cache)
 
   out = {}
   for name, fn in (('cached', cached), ('recompute', recompute)):

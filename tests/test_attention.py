@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.layers import attention
+from transformer_jax import kernels
 from transformer_jax.layers.attention import MultiHeadAttention
 from transformer_jax.model_config import TransformerConfig
 
@@ -71,12 +71,12 @@ def make_mask(kind, t=T, s=S):
   if kind == 'none':
     return None
   if kind == 'causal':
-    return attention.make_causal_mask(t, s)
+    return kernels.make_causal_mask(t, s)
   if kind == 'padding':
-    return attention.make_padding_mask(q_valid, k_valid)
+    return kernels.make_padding_mask(q_valid, k_valid)
   if kind == 'causal+padding':
-    return attention.combine_masks(attention.make_causal_mask(t, s),
-                                   attention.make_padding_mask(q_valid, k_valid))
+    return kernels.combine_masks(kernels.make_causal_mask(t, s),
+                                   kernels.make_padding_mask(q_valid, k_valid))
   raise ValueError(kind)
 
 
@@ -87,7 +87,7 @@ MASK_KINDS = ['none', 'causal', 'padding', 'causal+padding']
 
 
 def test_causal_mask_hides_exactly_the_future():
-  mask = np.asarray(attention.make_causal_mask(4, 6))
+  mask = np.asarray(kernels.make_causal_mask(4, 6))
   assert mask.shape == (1, 1, 4, 6)
   for i in range(4):
     for j in range(6):
@@ -96,7 +96,7 @@ def test_causal_mask_hides_exactly_the_future():
 
 def test_padding_mask_hides_pad_queries_and_pad_keys():
   q_valid, k_valid = padding_validity()
-  mask = np.asarray(attention.make_padding_mask(q_valid, k_valid))
+  mask = np.asarray(kernels.make_padding_mask(q_valid, k_valid))
   assert mask.shape == (B, 1, T, S)
   expected = np.asarray(q_valid)[:, None, :, None] & np.asarray(k_valid)[:, None, None, :]
   np.testing.assert_array_equal(mask, expected)
@@ -105,8 +105,8 @@ def test_padding_mask_hides_pad_queries_and_pad_keys():
 def test_combine_masks_is_logical_and_ignoring_none():
   a = jnp.array([[True, True, False, False]])
   b = jnp.array([[True, False, True, False]])
-  np.testing.assert_array_equal(attention.combine_masks(a, None, b), [[True, False, False, False]])
-  assert attention.combine_masks(None, None) is None
+  np.testing.assert_array_equal(kernels.combine_masks(a, None, b), [[True, False, False, False]])
+  assert kernels.combine_masks(None, None) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_combine_masks_is_logical_and_ignoring_none():
 def test_reference_attention_matches_numpy_formula(kind):
   q, k, v = random_qkv(0)
   mask = make_mask(kind)
-  out, weights = attention.reference_attention(q, k, v, mask=mask)
+  out, weights = kernels.reference_attention(q, k, v, mask=mask)
   expected_out, expected_weights = numpy_attention(q, k, v, mask)
   np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(weights, expected_weights, rtol=1e-5, atol=1e-6)
@@ -128,7 +128,7 @@ def test_reference_attention_adds_bias_to_scores(kind):
   q, k, v = random_qkv(1)
   bias = 2.0 * jax.random.normal(jax.random.key(2), (1, H, T, S))
   mask = make_mask(kind)
-  out, weights = attention.reference_attention(q, k, v, mask=mask, bias=bias)
+  out, weights = kernels.reference_attention(q, k, v, mask=mask, bias=bias)
   expected_out, expected_weights = numpy_attention(q, k, v, mask, bias)
   np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(weights, expected_weights, rtol=1e-5, atol=1e-6)
@@ -143,8 +143,8 @@ def test_xla_attention_matches_reference(kind, use_bias):
   q, k, v = random_qkv(3)
   mask = make_mask(kind)
   bias = jax.random.normal(jax.random.key(4), (1, H, T, S)) if use_bias else None
-  ref = attention.dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='reference')
-  xla = attention.dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='xla')
+  ref = kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='reference')
+  xla = kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='xla')
   np.testing.assert_allclose(xla, ref, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ref, numpy_attention(q, k, v, mask, bias)[0], rtol=1e-5, atol=1e-5)
 
@@ -153,7 +153,7 @@ def test_fully_masked_query_rows_output_zero_in_both_implementations():
   q, k, v = random_qkv(5)
   mask = make_mask('padding')  # Row 1's last two queries are padding and see nothing.
   for implementation in ('reference', 'xla'):
-    out = np.asarray(attention.dot_product_attention(q, k, v, mask=mask,
+    out = np.asarray(kernels.dot_product_attention(q, k, v, mask=mask,
                                                      implementation=implementation))
     np.testing.assert_array_equal(out[1, -2:], 0.0)
     assert np.all(np.abs(out[0]).sum(axis=-1) > 0)
@@ -162,14 +162,14 @@ def test_fully_masked_query_rows_output_zero_in_both_implementations():
 def test_unknown_implementation_is_rejected():
   q, k, v = random_qkv(6)
   with pytest.raises(ValueError, match='bogus'):
-    attention.dot_product_attention(q, k, v, implementation='bogus')
+    kernels.dot_product_attention(q, k, v, implementation='bogus')
 
 
 @pytest.mark.parametrize('kind', ['causal', 'padding', 'causal+padding'])
 def test_masked_weights_are_exactly_zero_and_visible_rows_sum_to_one(kind):
   q, k, v = random_qkv(7)
   mask = np.broadcast_to(np.asarray(make_mask(kind)), (B, H, T, S))
-  _, weights = attention.reference_attention(q, k, v, mask=jnp.asarray(mask))
+  _, weights = kernels.reference_attention(q, k, v, mask=jnp.asarray(mask))
   weights = np.asarray(weights)
   np.testing.assert_array_equal(weights[~mask], 0.0)
   assert np.all(weights[mask] > 0)
@@ -181,12 +181,12 @@ def test_masked_weights_are_exactly_zero_and_visible_rows_sum_to_one(kind):
 @pytest.mark.parametrize('implementation', ['reference', 'xla'])
 def test_causal_attention_never_reads_later_keys(implementation):
   q, k, v = random_qkv(8, t=T, s=T)
-  mask = attention.make_causal_mask(T)
-  out = attention.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+  mask = kernels.make_causal_mask(T)
+  out = kernels.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   for t in range(T - 1):
     k2 = k.at[:, t + 1:].add(10.0)
     v2 = v.at[:, t + 1:].multiply(-3.0)
-    out2 = attention.dot_product_attention(q, k2, v2, mask=mask, implementation=implementation)
+    out2 = kernels.dot_product_attention(q, k2, v2, mask=mask, implementation=implementation)
     np.testing.assert_allclose(out2[:, :t + 1], out[:, :t + 1], rtol=1e-6, atol=1e-6)
     # ... while the later outputs do read them.
     assert np.max(np.abs(out2[:, t + 1:] - out[:, t + 1:])) > 1e-3
@@ -196,16 +196,16 @@ def test_causal_attention_never_reads_later_keys(implementation):
 def test_padded_keys_do_not_affect_real_queries(implementation):
   q, k, v = random_qkv(9)
   q_valid, k_valid = padding_validity()
-  mask = attention.make_padding_mask(q_valid, k_valid)
-  out = attention.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+  mask = kernels.make_padding_mask(q_valid, k_valid)
+  out = kernels.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   k2 = k.at[1, -3:].set(7.0)  # Row 1's last three keys are padding.
   v2 = v.at[1, -3:].set(-5.0)
-  out2 = attention.dot_product_attention(q, k2, v2, mask=mask, implementation=implementation)
+  out2 = kernels.dot_product_attention(q, k2, v2, mask=mask, implementation=implementation)
   real = np.asarray(q_valid)
   np.testing.assert_allclose(np.asarray(out2)[real], np.asarray(out)[real], rtol=1e-6, atol=1e-6)
   # Unmasked, the same change is visible: the test would catch a mask that is ignored.
-  out3 = attention.dot_product_attention(q, k2, v2, implementation=implementation)
-  out4 = attention.dot_product_attention(q, k, v, implementation=implementation)
+  out3 = kernels.dot_product_attention(q, k2, v2, implementation=implementation)
+  out4 = kernels.dot_product_attention(q, k, v, implementation=implementation)
   assert np.max(np.abs(np.asarray(out3)[1] - np.asarray(out4)[1])) > 1e-2
 
 
@@ -214,10 +214,10 @@ def test_padded_keys_do_not_affect_real_queries(implementation):
 def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(implementation, kv_heads):
   q, k, v = random_qkv(10, kv_heads=kv_heads)
   mask = make_mask('causal+padding')
-  gqa = attention.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+  gqa = kernels.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   groups = H // kv_heads
   # Query head h uses key/value head h // groups.
-  mha = attention.dot_product_attention(q, jnp.repeat(k, groups, axis=2),
+  mha = kernels.dot_product_attention(q, jnp.repeat(k, groups, axis=2),
                                         jnp.repeat(v, groups, axis=2), mask=mask,
                                         implementation=implementation)
   np.testing.assert_allclose(gqa, mha, rtol=1e-5, atol=1e-6)
@@ -226,15 +226,15 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(implementatio
 
 def test_attention_dropout_only_when_not_deterministic():
   q, k, v = random_qkv(11)
-  base, _ = attention.reference_attention(q, k, v)
-  same, _ = attention.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
+  base, _ = kernels.reference_attention(q, k, v)
+  same, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
                                           dropout_rate=0.5, deterministic=True)
   np.testing.assert_array_equal(same, base)
-  dropped, _ = attention.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
+  dropped, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
                                              dropout_rate=0.5, deterministic=False)
   assert np.max(np.abs(dropped - base)) > 1e-2
   with pytest.raises(ValueError, match='dropout'):
-    attention.dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+    kernels.dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
                                     deterministic=False, implementation='xla')
 
 
@@ -279,7 +279,7 @@ def test_mha_self_attention_matches_manual_computation(kv_heads):
   cfg = CFG.replace(num_kv_heads=kv_heads)
   x = random_inputs(0)
   params = randomise(init_mha(cfg, x)['params'], 1)
-  mask = attention.make_causal_mask(T)
+  mask = kernels.make_causal_mask(T)
   out = MultiHeadAttention(cfg).apply({'params': params}, x, mask=mask)
   assert out.shape == (B, T, EMB)
   np.testing.assert_allclose(out, manual_mha(params, x, x, mask), rtol=1e-5, atol=1e-5)
@@ -387,7 +387,7 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   assert cache['cached_value'].shape == (B, cfg.num_kv_heads, length, cfg.head_dim)
 
   full = MultiHeadAttention(cfg).apply({'params': params}, x,
-                                       mask=attention.make_causal_mask(length))
+                                       mask=kernels.make_causal_mask(length))
   for t in range(length):
     out, state = decoder.apply({'params': params, 'cache': cache}, x[:, t:t + 1],
                                positions=jnp.array([t]), mutable=['cache'])
@@ -407,12 +407,12 @@ def test_halving_dot_equals_sum_of_products(length, stop):
   b = jax.random.normal(jax.random.key(length + 1), (2, length, 4))
   expected = (a * b[:, None]).sum(2)
   for b_view, new_axis in [(b[:, None], None), (b, 1)]:
-    halved = attention.halving_dot(a, b_view, axis=2, stop=stop, b_new_axis=new_axis)
+    halved = kernels.halving_dot(a, b_view, axis=2, stop=stop, b_new_axis=new_axis)
     rows = halved.shape[2]
     assert rows == length if length <= stop else stop // 2 < rows <= stop
     np.testing.assert_allclose(halved.sum(2), expected, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match='lengths'):
-    attention.halving_dot(a, jnp.ones((2, length + 1, 4)), axis=2, b_new_axis=1)
+    kernels.halving_dot(a, jnp.ones((2, length + 1, 4)), axis=2, b_new_axis=1)
 
 
 @pytest.mark.parametrize('kv_heads', [H, 2, 1], ids=['mha', 'gqa', 'mqa'])
@@ -425,14 +425,14 @@ def test_decode_step_attention_matches_the_formula_with_mask_and_bias(kv_heads):
   mask = key_valid[:, None, None, :]                                   # [B, 1, 1, S]
   bias = jax.random.normal(jax.random.key(4), (1, H, 1, S))
   keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
-  out = attention.decode_step_attention(q, keys, values, mask=mask, bias=bias)
+  out = kernels.decode_step_attention(q, keys, values, mask=mask, bias=bias)
   expected, _ = numpy_attention(q, k, v, mask=mask, bias=bias)
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
   values_changed = values.at[1, :, S - 1].set(1e3)
   np.testing.assert_array_equal(
-      attention.decode_step_attention(q, keys, values_changed, mask=mask, bias=bias), out)
+      kernels.decode_step_attention(q, keys, values_changed, mask=mask, bias=bias), out)
   with pytest.raises(ValueError, match='one query per row'):
-    attention.decode_step_attention(jnp.concatenate([q, q], 1), keys, values)
+    kernels.decode_step_attention(jnp.concatenate([q, q], 1), keys, values)
 
 
 def test_rotary_self_attention_depends_on_positions():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax import kernels
 from transformer_jax.layers import attention
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert, bert_config
@@ -27,13 +28,13 @@ def padding_mask(t, s):
   """Row 0 full length, row 1 with its last 3 queries and last 4 keys padded."""
   q_valid = jnp.arange(t)[None, :] < jnp.array([[t], [t - 3]])
   k_valid = jnp.arange(s)[None, :] < jnp.array([[s], [s - 4]])
-  return attention.make_padding_mask(q_valid, k_valid)
+  return kernels.make_padding_mask(q_valid, k_valid)
 
 
 def reference(q, k, v, mask=None, bias=None, causal=False):
   if causal:
-    mask = attention.combine_masks(mask, attention.make_causal_mask(q.shape[1], k.shape[1]))
-  return attention.reference_attention(q, k, v, mask=mask, bias=bias)[0]
+    mask = kernels.combine_masks(mask, kernels.make_causal_mask(q.shape[1], k.shape[1]))
+  return kernels.reference_attention(q, k, v, mask=mask, bias=bias)[0]
 
 
 @pytest.mark.parametrize('chunk', [3, 4, 16])  # uneven last chunk, even split, one chunk
@@ -44,7 +45,7 @@ def test_causal_chunked_matches_reference(chunk, padding, use_bias):
   q, k, v = qkv(0, t, t)
   mask = padding_mask(t, t) if padding else None
   bias = jax.random.normal(jax.random.key(1), (1, H, t, t)) if use_bias else None
-  out = attention.chunked_attention(q, k, v, mask=mask, bias=bias, causal=True, chunk_size=chunk)
+  out = kernels.chunked_attention(q, k, v, mask=mask, bias=bias, causal=True, chunk_size=chunk)
   np.testing.assert_allclose(out, reference(q, k, v, mask, bias, causal=True),
                              rtol=RTOL, atol=ATOL)
 
@@ -52,9 +53,9 @@ def test_causal_chunked_matches_reference(chunk, padding, use_bias):
 def test_causal_flag_and_explicit_causal_mask_agree():
   """GPT passes the causal mask *and* sets causal: the two must not interfere."""
   q, k, v = qkv(2, 12, 12)
-  mask = attention.make_causal_mask(12)
-  with_mask = attention.chunked_attention(q, k, v, mask=mask, causal=True, chunk_size=5)
-  flag_only = attention.chunked_attention(q, k, v, causal=True, chunk_size=5)
+  mask = kernels.make_causal_mask(12)
+  with_mask = kernels.chunked_attention(q, k, v, mask=mask, causal=True, chunk_size=5)
+  flag_only = kernels.chunked_attention(q, k, v, causal=True, chunk_size=5)
   np.testing.assert_allclose(with_mask, flag_only, rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(flag_only, reference(q, k, v, mask), rtol=RTOL, atol=ATOL)
 
@@ -63,18 +64,18 @@ def test_causal_flag_and_explicit_causal_mask_agree():
 def test_cross_attention_with_key_padding_matches_reference(t, s):
   q, k, v = qkv(3, t, s)
   key_mask = (jnp.arange(s)[None, :] < jnp.array([[s], [s - 2]]))[:, None, None, :]
-  out = attention.chunked_attention(q, k, v, mask=key_mask, chunk_size=4)
+  out = kernels.chunked_attention(q, k, v, mask=key_mask, chunk_size=4)
   np.testing.assert_allclose(out, reference(q, k, v, key_mask), rtol=RTOL, atol=ATOL)
   # A full [B, 1, T, S] padding mask too (pad queries output zero).
   mask = padding_mask(t, s)
-  out = attention.chunked_attention(q, k, v, mask=mask, chunk_size=4)
+  out = kernels.chunked_attention(q, k, v, mask=mask, chunk_size=4)
   np.testing.assert_allclose(out, reference(q, k, v, mask), rtol=RTOL, atol=ATOL)
   np.testing.assert_array_equal(np.asarray(out)[1, -3:], 0.0)
 
 
 def test_grouped_query_heads_match_reference():
   q, k, v = qkv(4, 9, 9, kv_heads=2)
-  out = attention.chunked_attention(q, k, v, causal=True, chunk_size=4)
+  out = kernels.chunked_attention(q, k, v, causal=True, chunk_size=4)
   np.testing.assert_allclose(out, reference(q, k, v, causal=True), rtol=RTOL, atol=ATOL)
 
 
@@ -91,7 +92,7 @@ def test_gradients_match_reference(causal, use_bias, kv_heads, t, s):
   def loss(fn):
     return lambda q, k, v, bias: jnp.sum(fn(q, k, v, bias) * cotangent)
 
-  chunked = loss(lambda q, k, v, bias: attention.chunked_attention(
+  chunked = loss(lambda q, k, v, bias: kernels.chunked_attention(
       q, k, v, mask=mask, bias=bias, causal=causal, chunk_size=3))
   ref = loss(lambda q, k, v, bias: reference(q, k, v, mask, bias, causal))
   argnums = (0, 1, 2, 3) if use_bias else (0, 1, 2)
@@ -111,22 +112,22 @@ def test_causal_chunks_skip_hidden_key_blocks():
     return jax.jit(fn).lower(q, k, v).compile().cost_analysis()['flops']
 
   full = flops(lambda q, k, v: reference(q, k, v, causal=True))
-  chunked = flops(lambda q, k, v: attention.chunked_attention(q, k, v, causal=True))
+  chunked = flops(lambda q, k, v: kernels.chunked_attention(q, k, v, causal=True))
   assert chunked < 0.75 * full, (chunked, full)
 
 
 def test_auto_is_chunked_on_cpu_and_equal_to_reference():
   assert jax.default_backend() == 'cpu'
-  assert attention.auto_implementation() == 'chunked'
+  assert kernels.auto_implementation() == 'chunked'
   q, k, v = qkv(9, 70, 70)  # longer than one 64-row chunk
-  out = attention.dot_product_attention(q, k, v, causal=True)
+  out = kernels.dot_product_attention(q, k, v, causal=True)
   np.testing.assert_allclose(out, reference(q, k, v, causal=True), rtol=RTOL, atol=ATOL)
 
 
 def test_fused_xla_path_honours_causal_flag():
   q, k, v = qkv(10, 9, 9)
   mask = padding_mask(9, 9)
-  out = attention.dot_product_attention(q, k, v, mask=mask, causal=True, implementation='xla')
+  out = kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation='xla')
   np.testing.assert_allclose(out, reference(q, k, v, mask, causal=True), rtol=RTOL, atol=ATOL)
 
 
@@ -168,7 +169,7 @@ def test_models_give_causality_as_a_flag_and_padding_as_the_smallest_mask(monkey
   no [T, T] mask (which a flash kernel would have to read as a score-sized bias); BERT-style key
   padding and cross-attention get [B, 1, 1, S] masks (segment ids for the TPU kernel)."""
   calls = []
-  implementation = attention.dot_product_attention
+  implementation = kernels.dot_product_attention
 
   def recording(q, k, v, *, mask=None, causal=False, **kwargs):
     calls.append((None if mask is None else mask.shape, causal))

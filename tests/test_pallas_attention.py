@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from transformer_jax.layers import attention
+from transformer_jax import kernels
 
 B, H, D = 2, 2, 8
 RTOL, ATOL = 1e-5, 1e-5
@@ -29,14 +29,14 @@ def inputs(t, s, kv_heads, padding, use_bias):
     mask = k_valid[:, None, None, :]
   elif padding == 'both':
     q_valid = jnp.arange(t)[None, :] < jnp.array([[t], [t - 3]])
-    mask = attention.make_padding_mask(q_valid, k_valid)
+    mask = kernels.make_padding_mask(q_valid, k_valid)
   return q, k, v, bias, mask
 
 
 def output_and_gradients(implementation, q, k, v, bias, mask, causal):
   """Attention output and the gradients of a weighted sum of it w.r.t. q, k, v (and bias)."""
   def loss(q, k, v, bias):
-    out = attention.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal,
+    out = kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal,
                                           implementation=implementation)
     weights = jnp.sin(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
     return jnp.sum(out * weights), out
@@ -80,10 +80,10 @@ def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(mo
   q, k, v, _, _ = inputs(5, 128, 2, None, False)  # exactly one key tile: no keys added
   mask = jnp.stack([jnp.arange(128) < 100, jnp.zeros(128, bool)])[:, None, None, :]
   with pltpu.force_tpu_interpret_mode():
-    out = attention.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
+    out = kernels.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
   assert calls[0]['ab'] is None
   np.testing.assert_array_equal(calls[0]['segment_ids'].kv, mask[:, 0, 0, :])
-  np.testing.assert_allclose(out, attention.dot_product_attention(
+  np.testing.assert_allclose(out, kernels.dot_product_attention(
       q, k, v, mask=mask, implementation='reference'), rtol=RTOL, atol=ATOL)
   np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
 
@@ -96,13 +96,13 @@ def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeyp
   posing as that backend, at trace time) it falls back to a path that can, with the same
   numbers. Attention dropout always takes the chunked path (the fused kernels have none)."""
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
-  assert attention.auto_implementation() == expected
-  assert attention.auto_implementation(dropout=True) == 'chunked'
+  assert kernels.auto_implementation() == expected
+  assert kernels.auto_implementation(dropout=True) == 'chunked'
   q, k, v, _, mask = inputs(9, 9, 1, padding='both', use_bias=False)
   if backend != 'cpu':
     with pytest.raises(Exception):  # the kernel itself really can't run on this CPU
-      attention.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
-  out = attention.dot_product_attention(q, k, v, mask=mask, causal=True)
-  ref = attention.dot_product_attention(q, k, v, mask=mask, causal=True,
+      kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
+  out = kernels.dot_product_attention(q, k, v, mask=mask, causal=True)
+  ref = kernels.dot_product_attention(q, k, v, mask=mask, causal=True,
                                         implementation='reference')
   np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)

@@ -11,7 +11,6 @@ import math
 import os
 
 import jax
-import pytest
 import tensorflow_datasets as tfds
 
 from conftest import DEFAULT_SHARED_DATA

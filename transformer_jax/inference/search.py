@@ -82,7 +82,7 @@ def decode_compiler_options() -> dict[str, str] | None:
   """Compiler options for a jitted decode loop: `jax.jit(fn, compiler_options=...)`.
 
   XLA:CPU hands small reductions to its YNNPACK library fusions, whose per-call overhead made a
-  cached decoding step (a few tiny reductions per layer, `attention.decode_step_attention`)
+  cached decoding step (a few tiny reductions per layer, `kernels.decode_step_attention`)
   4-8x slower than XLA's own loop fusions. The option exists only on CPU (None elsewhere).
   """
   return {'xla_cpu_experimental_ynn_fusion_type': ''} if jax.default_backend() == 'cpu' else None

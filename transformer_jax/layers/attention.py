@@ -16,16 +16,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer_jax.layers.dense import DenseGeneral
-# Re-exported: the attention API in one place.
-from transformer_jax.kernels.cached_attention import (  # pylint: disable=unused-import
-    decode_step_attention, halving_dot, halving_sum)
-from transformer_jax.kernels.masks import (  # pylint: disable=unused-import
-    combine_masks, make_causal_mask, make_padding_mask)
+from transformer_jax.kernels.cached_attention import decode_step_attention
+from transformer_jax.kernels.masks import combine_masks, make_causal_mask
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.layers.position import apply_rotary
-from transformer_jax.kernels.scaled_dot_product import (  # pylint: disable=unused-import
-    auto_implementation, chunked_attention, default_chunk_size, dot_product_attention,
-    reference_attention)
+from transformer_jax.kernels.scaled_dot_product import dot_product_attention, reference_attention
 
 
 # ---------------------------------------------------------------------------------------------

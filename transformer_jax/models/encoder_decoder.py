@@ -11,7 +11,7 @@ model (Pre-RMSNorm, relative bias, gated GELU, no biases).
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.layers.attention import make_padding_mask
+from transformer_jax.kernels.masks import make_padding_mask
 from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
