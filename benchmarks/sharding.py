@@ -61,7 +61,7 @@ def measure(name: str, mesh_config: dict, task, batch, workdir: str) -> dict:
   optimizer = max(sharding.bytes_per_device(state.opt_state).values())
   times = []
   with sharding.use_mesh(trainer.mesh, trainer.rules):
-    for step in range(_STEPS.value + 1):
+    for _ in range(_STEPS.value + 1):
       start = time.perf_counter()
       # The trainer's own jitted step (what fit runs), without fit's logging around it.
       step_fn = trainer._train_step  # pylint: disable=protected-access

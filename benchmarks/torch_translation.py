@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-PAD_ID = 0
+from transformer_jax.special_tokens import PAD_ID  # the same ids as the JAX model
 
 
 @dataclass

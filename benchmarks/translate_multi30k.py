@@ -52,7 +52,7 @@ def moses_lc_tok(lines: list[str], lang: str) -> list[str]:
   """The official Multi30k preprocessing: normalise punctuation, tokenise, lowercase."""
   from sacremoses import MosesPunctNormalizer, MosesTokenizer
   normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-  return [tokenizer.tokenize(normalizer.normalize(l), return_str=True).lower() for l in lines]
+  return [tokenizer.tokenize(normalizer.normalize(line), return_str=True).lower() for line in lines]
 
 
 def apply_override(config, assignment: str):

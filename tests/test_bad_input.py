@@ -71,6 +71,7 @@ def tiny_lm(workdir: str, **overrides) -> list[str]:
 
 # -- config files and flags ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_config_flag_errors_are_one_line(tmp_path):
   """A value of the wrong type, a config file without get_config() and one that is not valid
   Python each stop at flag parsing with one line naming the problem."""
@@ -151,6 +152,7 @@ def test_batch_not_divisible_by_the_data_axes_on_eight_devices(tmp_path):
 
 # -- data ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_language_model_data_errors_are_one_line(tmp_path):
   """A missing text file, and one with invalid UTF-8 on line 3 (named with file and line)."""
   workdir = str(tmp_path / 'work')
@@ -180,6 +182,7 @@ def test_missing_parallel_file_names_what_was_looked_for(tmp_path):
 
 # -- checkpoints and tokenizers of a trained workdir ---------------------------------------------
 
+@pytest.mark.slow
 def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path):
   """After training a tiny GPT: rerunning with a different mlp_dim names the parameter whose
   shape differs and leaves config.json and the checkpoints as they were; sampling after

@@ -229,7 +229,7 @@ def test_single_sequence_data():
   batches = take(batcher, batcher.num_batches_per_epoch)
   assert all(set(b) == {'inputs', 'index'} for b in batches)
   for batch in batches:
-    for row, i in enumerate(batch['index']):
+    for i in batch['index']:
       if i >= 0:
         assert batch['inputs'].shape[1] == min(b for b in BUCKETS if b >= len(src[i]))
 

@@ -134,6 +134,7 @@ class _Cycle:
     self.step = state['step']
 
 
+@pytest.mark.slow
 def test_classifier_loss_falls(tmp_path):
   task = BertClassificationTask(bert_config(**TINY), num_labels=2)
   trainer = Trainer(_classification_config(), task, str(tmp_path))
@@ -153,6 +154,7 @@ class _TinyTokenizer:
   build_pair = WordPieceTokenizer.build_pair
 
 
+@pytest.mark.slow
 def test_pretraining_mlm_and_nsp_improve(tmp_path):
   # Every line of document d repeats token 10 + d: a masked token is predictable from the
   # rest of its segment, and a random second segment (another document) is easy to spot.

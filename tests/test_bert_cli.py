@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
 
 PRETRAIN = os.path.join('experiments', 'configs', 'bert_pretrain_small.py')
 SST2 = os.path.join('experiments', 'configs', 'sst2_minilm.py')

@@ -203,6 +203,7 @@ def test_classification_batches(minilm_tokenizer):
   assert sum(int(b['labels'][b['weights'] > 0].sum()) for b in dev) == 5
 
 
+@pytest.mark.slow
 def test_sst2_from_tfds_mock_data():
   with tfds.testing.mock_data(num_examples=6):
     splits = classification.load_sst2_tfds()
@@ -212,6 +213,7 @@ def test_sst2_from_tfds_mock_data():
   assert set(labels) <= {0, 1}
 
 
+@pytest.mark.slow
 def test_wikipedia_documents_from_tfds_mock_data():
   from experiments.configs import bert_pretrain_wikipedia  # pylint: disable=g-import-not-at-top
   from transformer_jax.workflows import bert  # pylint: disable=g-import-not-at-top

@@ -138,6 +138,7 @@ TINY = dict(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64, num_decoder_laye
             dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('make_config', [gpt2_config, llama_config])
 def test_gpt_logits_equal_across_implementations(make_config):
   tokens = jax.random.randint(jax.random.key(11), (2, 72), 0, 40)
@@ -149,6 +150,7 @@ def test_gpt_logits_equal_across_implementations(make_config):
   np.testing.assert_allclose(logits('auto'), logits('reference'), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_logits_equal_across_implementations():
   cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64,
                           num_encoder_layers=1, num_decoder_layers=1, max_len=80,

@@ -9,6 +9,7 @@ import pytest
 from transformer_jax.data import text
 from transformer_jax.errors import DataError
 
+
 @pytest.fixture
 def multi30k_dir(corpus) -> str:
   return str(corpus('multi30k'))

@@ -1,13 +1,17 @@
 """The documentation stays alive: links resolve, every page is reachable, examples run.
 
 Checks README.md and every docs/*.md page. A fenced ```python block whose first line is
-`# runs in the tests` is executed (docs/architecture.md states the convention); other blocks
-are text only.
+`# runs in the tests` is executed, and so is each command of a ```bash block marked the same
+way (from the repository root, with /tmp/ paths moved into a temporary folder); other blocks
+are text only (docs/architecture.md states the convention).
 """
 
 import glob
 import os
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -56,14 +60,14 @@ def relative_links(path: str) -> list[str]:
   return targets
 
 
-def runnable_blocks() -> list:
-  """(file:line, code) of every python block marked to run, as pytest params."""
+def runnable_blocks(language: str = 'python') -> list:
+  """(file:line, code) of every block in `language` marked to run, as pytest params."""
   params = []
   for path in all_docs():
     text = read(path)
     for match in _FENCE.finditer(text):
       info, body = match.group(1).strip().lower(), match.group(2)
-      if info == 'python' and body.lstrip().startswith(RUN_MARKER):
+      if info == language and body.lstrip().startswith(RUN_MARKER):
         line = text.count('\n', 0, match.start()) + 1
         where = f'{os.path.relpath(path, REPO_ROOT)}:{line}'
         params.append(pytest.param(body, id=where))
@@ -115,3 +119,28 @@ def test_marked_python_examples_run(code):
   """A python block marked `# runs in the tests` runs without raising, in a fresh namespace."""
   namespace = {'__name__': '__docs_example__'}
   exec(compile(code, '<docs example>', 'exec'), namespace)  # pylint: disable=exec-used
+
+
+def shell_commands(block: str) -> list[str]:
+  """The commands of a bash block: comments dropped, backslash continuations joined."""
+  joined = re.sub(r'\\\n\s*', ' ', block)
+  return [line.strip() for line in joined.splitlines()
+          if line.strip() and not line.strip().startswith('#')]
+
+
+def test_there_are_commands_to_run():
+  """At least one bash block is marked to run, so the next test is not vacuous."""
+  assert runnable_blocks('bash'), f'no ```bash block starts with {RUN_MARKER!r}'
+
+
+@pytest.mark.parametrize('block', runnable_blocks('bash'))
+def test_marked_shell_commands_run(block, tmp_path):
+  """Each command of a bash block marked `# runs in the tests` exits 0 (files it writes under
+  /tmp/ go to a temporary folder instead)."""
+  for command in shell_commands(block):
+    argv = [arg.replace('/tmp/', f'{tmp_path}/') for arg in shlex.split(command)]
+    if argv[0] in ('python', 'python3'):
+      argv[0] = sys.executable
+    result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'

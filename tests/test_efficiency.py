@@ -74,6 +74,7 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-7):
 
 @pytest.mark.parametrize('make_task, make_batch', [(gpt_task, lm_batch),
                                                    (t5_task, translation_batch)])
+@pytest.mark.slow
 def test_scanned_layers_equal_unrolled_loss_and_gradients(make_task, make_batch):
   """The unrolled model's params, stacked, give the scanned model the same loss and gradients
   (no dropout: scan draws its per-layer dropout keys differently)."""
@@ -105,6 +106,7 @@ def with_scanned_decoder(task):
   return task
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scanned_decoder', [False, True])
 def test_scanned_gpt_decodes_the_same_tokens_as_unrolled(scanned_decoder):
   """Greedy generation from stacked params is identical: converted back to unrolled layers
@@ -121,6 +123,7 @@ def test_scanned_gpt_decodes_the_same_tokens_as_unrolled(scanned_decoder):
       unrolled.generate(params, prompt, **kwargs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scanned_decoder', [False, True])
 def test_scanned_t5_beam_searches_the_same_translations_as_unrolled(scanned_decoder):
   """The same with beam search over a T5-style decoder. A scanned decoder's relative bias must
@@ -146,6 +149,7 @@ def test_scanned_t5_beam_searches_the_same_translations_as_unrolled(scanned_deco
     (t5_task, translation_batch, 'nothing_saveable', False),
     (gpt_task, lm_batch, 'dots_saveable', True),
 ])
+@pytest.mark.slow
 def test_remat_equals_no_remat_with_dropout_on(make_task, make_batch, policy, scan):
   """Recomputing a layer on the backward pass redraws the same dropout masks: same numbers."""
   plain = make_task(scan_layers=scan)
@@ -159,6 +163,7 @@ def test_remat_equals_no_remat_with_dropout_on(make_task, make_batch, policy, sc
   assert_trees_close(remat_grads, grads)
 
 
+@pytest.mark.slow
 def test_remat_recomputes_on_the_backward_pass():
   """nothing_saveable really rematerialises: the gradient program has more matmuls."""
   batch = lm_batch()
@@ -186,6 +191,7 @@ def test_micro_batches_take_strided_rows():
 
 @pytest.mark.parametrize('make_task, make_batch', [(gpt_task, lm_batch),
                                                    (t5_task, translation_batch)])
+@pytest.mark.slow
 def test_accumulated_micro_batches_equal_one_big_batch(make_task, make_batch):
   """4 micro-batches of 4 rows = one batch of 16 rows: loss, metric sums and gradients, with
   padding (different token counts per micro-batch) and label smoothing."""
@@ -203,6 +209,7 @@ def test_accumulated_micro_batches_equal_one_big_batch(make_task, make_batch):
   assert_trees_close(acc_grads, grads)
 
 
+@pytest.mark.slow
 def test_trainer_step_with_accumulation_equals_plain_step():
   """The trainer's jitted step with train.accumulation_steps=4 makes the same update."""
   from experiments.configs.common import base_config  # pylint: disable=g-import-not-at-top
@@ -236,6 +243,7 @@ def test_batch_not_divisible_into_micro_batches_is_a_config_error(tiny_config):
 
 # -- mixed precision -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_fp32_params_gradients_logits_and_loss():
   """dtype=bfloat16, param_dtype=float32: bf16 matmuls, fp32 master weights, softmax and loss."""
   fp32 = LanguageModelTask(llama_config(vocab_size=VOCAB, emb_dim=32, num_heads=4,

@@ -350,6 +350,7 @@ def translation_setup():
   return task, params, inputs
 
 
+@pytest.mark.slow
 def test_predict_tokens_greedy_matches_greedy_by_full_passes(translation_setup):
   task, params, inputs = translation_setup
   max_len = 8
@@ -364,6 +365,7 @@ def test_predict_tokens_greedy_matches_greedy_by_full_passes(translation_setup):
   check_pad_after_eos(predicted)
 
 
+@pytest.mark.slow
 def test_beam_search_with_one_beam_is_greedy(translation_setup, monkeypatch):
   """Routes predict_tokens' beam-1 path through beam_search instead of greedy_search."""
   task, params, inputs = translation_setup

@@ -74,6 +74,7 @@ def pretraining_dir(tmp_path_factory):
   return model, str(directory)
 
 
+@pytest.mark.slow
 def test_random_small_bert_matches_transformers(pretraining_dir):
   model, directory = pretraining_dir
   cfg, params, tokenizer, heads = hf_bert.load_hf_bert(directory)
@@ -101,6 +102,7 @@ def test_random_small_bert_matches_transformers(pretraining_dir):
                              rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_matches_transformers():
   cfg, params, tokenizer, heads = hf_bert.load_hf_bert(MINILM)
   assert (cfg.num_encoder_layers, cfg.emb_dim, cfg.num_heads, cfg.vocab_size) == (6, 384, 12,
@@ -121,6 +123,7 @@ def test_minilm_checkpoint_matches_transformers():
   np.testing.assert_allclose(ours['pooled'], theirs.pooler_output.numpy(), rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sequence_classification_head_and_legacy_bin(tmp_path):
   model = _perturbed(transformers.BertForSequenceClassification(
       transformers.BertConfig(**SMALL, num_labels=3)))
@@ -181,6 +184,7 @@ def test_unsupported_config_is_refused():
     hf_bert.bert_config_from_hf({k: v for k, v in SMALL.items() if k != 'hidden_size'})
 
 
+@pytest.mark.slow
 def test_masked_lm_checkpoint_without_pooler(tmp_path):
   model = _perturbed(transformers.BertForMaskedLM(transformers.BertConfig(**SMALL)))
   model.save_pretrained(str(tmp_path), safe_serialization=True)

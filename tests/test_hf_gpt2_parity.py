@@ -83,6 +83,7 @@ def test_logits_match_transformers(saved, batch, length):
   np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_untied_head_and_exact_gelu(tmp_path):
   model = _hf_model(tie_word_embeddings=False, activation_function='gelu')
   model.save_pretrained(str(tmp_path), safe_serialization=True)
@@ -93,6 +94,7 @@ def test_untied_head_and_exact_gelu(tmp_path):
                              rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_legacy_pytorch_bin(saved, tmp_path):
   model, directory = saved
   # Recent transformers only write safetensors: write the legacy pickle-format file by hand.

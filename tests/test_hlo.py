@@ -76,6 +76,7 @@ def tiny_translation():
                                 'targets': targets.astype(np.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('make_task', [tiny_gpt, tiny_translation])
 def test_train_step_has_no_transposing_copies_feeding_dots(make_task):
   hlo = compiled_train_step(*make_task())
@@ -113,6 +114,7 @@ def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
           and i['shape'].split('{')[0] in shapes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_kv_heads', [None, 2], ids=['mha', 'gqa'])
 def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
   """A greedy decode loop of a small GPT, jitted as the library jits it: no step copies or

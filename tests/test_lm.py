@@ -164,6 +164,7 @@ def trained_workdir(tmp_path_factory):
   return workdir, results, config
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits(trained_workdir):
   workdir, results, _ = trained_workdir
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
@@ -178,6 +179,7 @@ def test_tiny_model_overfits(trained_workdir):
   assert results['tokens'] == 120 * 8 * 16
 
 
+@pytest.mark.slow
 def test_generation_is_deterministic_and_continues_the_text(trained_workdir):
   from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -211,6 +213,7 @@ def _generate_cli(workdir, *flags):
                         timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_generate_cli_same_seed_same_text(trained_workdir):
   workdir, _, _ = trained_workdir
   args = ('--prompt=the ', '--max_new_tokens=30', '--temperature=1.2', '--top_k=10',
@@ -226,11 +229,12 @@ def test_generate_cli_same_seed_same_text(trained_workdir):
   # An unknown character is one readable error line.
   bad = _generate_cli(workdir, '--prompt=the ~', '--max_new_tokens=5')
   assert bad.returncode == 1
-  assert [l for l in bad.stderr.splitlines() if l.startswith('error:')] == [
+  assert [line for line in bad.stderr.splitlines() if line.startswith('error:')] == [
       "error: character '~' (at position 4) is not in the "
       f'{len(set(TEXT))}-character vocabulary of this model']
 
 
+@pytest.mark.slow
 def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from experiments.configs import gpt2_small  # pylint: disable=g-import-not-at-top
@@ -253,6 +257,7 @@ def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
   assert os.path.exists(tmp_path / 'spm.model')
 
 
+@pytest.mark.slow
 def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top

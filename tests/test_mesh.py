@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MESHES = {

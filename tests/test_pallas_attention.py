@@ -48,7 +48,8 @@ def output_and_gradients(implementation, q, k, v, bias, mask, causal):
 
 @pytest.mark.parametrize('t,s,kv_heads,causal,padding,use_bias', [
     (10, 10, 1, True, 'both', False),  # GPT-like: causal, padded, shorter than one tile
-    (7, 11, 2, False, 'both', True),  # cross-attention with padding and a bias (T5)
+    # Cross-attention with padding and a bias (T5).
+    pytest.param(7, 11, 2, False, 'both', True, marks=pytest.mark.slow),
     (9, 9, 2, False, 'keys', False),  # BERT-like: only keys hidden
 ])
 def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, causal, padding,
@@ -100,7 +101,8 @@ def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeyp
   assert kernels.auto_implementation(dropout=True) == 'chunked'
   q, k, v, _, mask = inputs(9, 9, 1, padding='both', use_bias=False)
   if backend != 'cpu':
-    with pytest.raises(Exception):  # the kernel itself really can't run on this CPU
+    # The kernel itself really can't run on this CPU; its error type varies by jax version.
+    with pytest.raises(Exception):  # noqa: B017
       kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
   out = kernels.dot_product_attention(q, k, v, mask=mask, causal=True)
   ref = kernels.dot_product_attention(q, k, v, mask=mask, causal=True,

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from transformer_jax.cli import process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +66,7 @@ def test_compilation_cache_defaults_to_the_user_cache_dir_and_really_stores_prog
   assert any(name.startswith('jit__lambda') for name in os.listdir(directory))
 
 
+@pytest.mark.slow
 def test_compilation_cache_can_be_moved_or_turned_off_and_jax_own_setting_wins(tmp_path):
   elsewhere = tmp_path / 'elsewhere'
   line, _ = run_cache_script(tmp_path, TRANSFORMER_JAX_COMPILATION_CACHE=str(elsewhere))

@@ -9,7 +9,11 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from benchmarks import resume
+
+pytestmark = pytest.mark.slow
 
 
 # Only one checkpoint on disk at a time: a SIGKILL between deleting the old one and committing
@@ -43,6 +47,7 @@ def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(tmp_path
   assert difference is None, difference
 
 
+@pytest.mark.multiprocess
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
   """Two local processes (one CPU device each) train one model with jax.distributed; SIGTERM
   to process 1 only: both log that all 2 processes agreed to stop after the same step S, both

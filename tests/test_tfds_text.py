@@ -19,6 +19,7 @@ def _raw_examples(name, split, num):
   return list(tfds.as_numpy(tfds.load(name, split=split).take(num)))
 
 
+@pytest.mark.slow
 def test_load_parallel_maps_languages_to_src_and_tgt():
   with tfds.testing.mock_data(num_examples=12):
     en, de = tfds_text.load_tfds_parallel(WMT, 'train', 'en', 'de')
@@ -32,6 +33,7 @@ def test_load_parallel_maps_languages_to_src_and_tgt():
   assert en != de
 
 
+@pytest.mark.slow
 def test_load_parallel_max_examples():
   with tfds.testing.mock_data(num_examples=10):
     src, tgt = tfds_text.load_tfds_parallel(WMT, 'validation', 'de', 'en', max_examples=4)
@@ -40,6 +42,7 @@ def test_load_parallel_max_examples():
   assert src == full_src[:4]
 
 
+@pytest.mark.slow
 def test_load_text():
   with tfds.testing.mock_data(num_examples=6):
     texts = tfds_text.load_tfds_text('lm1b', 'train')
@@ -48,6 +51,7 @@ def test_load_text():
   assert all(isinstance(t, str) for t in texts)
 
 
+@pytest.mark.slow
 def test_unknown_language_lists_features():
   with tfds.testing.mock_data(num_examples=3):
     with pytest.raises(DataError, match=r"no feature 'fr'.*\['de', 'en'\]"):

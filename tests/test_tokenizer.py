@@ -18,8 +18,8 @@ VOCAB_SIZE = 1000
 
 @pytest.fixture(scope='module')
 def sentences(corpus) -> list[str]:
-  src, tgt = text.read_parallel(*text.find_parallel_files(str(corpus('multi30k')), 'train', 'en',
-                                                          'de'))
+  src, tgt = text.read_parallel(
+      *text.find_parallel_files(str(corpus('multi30k')), 'train', 'en', 'de'))
   return src[:NUM_LINES] + tgt[:NUM_LINES]
 
 

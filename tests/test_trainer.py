@@ -55,6 +55,7 @@ def trees_equal(a, b) -> bool:
 
 # -- learning and resumption with the translation task -------------------------------------------
 
+@pytest.mark.slow
 def test_tiny_model_learns_numbers_translation_and_reports_bleu(tiny_config, tmp_path):
   """train_and_evaluate on the numbers corpus: the final eval loss is well below the first
   logged train loss (which starts near uniform), and BLEU is computed and logged."""
@@ -102,6 +103,7 @@ def train_translation(config, workdir, train_pairs):
   return results, trainer.state, data.get_state()
 
 
+@pytest.mark.slow
 def test_resumed_run_matches_uninterrupted_run_bitwise(tiny_config, tmp_path, numbers_train_pairs,
                                                        caplog):
   """20 steps, then a second run to 40 in the same workdir, ends with exactly the same
@@ -388,6 +390,7 @@ def read_lines_in_background(stream) -> queue.Queue:
   return lines
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_exits_cleanly_and_rerun_resumes(translate_cli, tmp_path):
   """SIGTERM after the first progress line: exit status 0, a log line saying the checkpoint
   was written at step K, checkpoints/K on disk; rerunning the command restores step K."""
@@ -539,6 +542,7 @@ def test_mesh_shape_rejects_mismatched_shapes_with_a_clear_message(mesh_config, 
     sharding.mesh_shape(mesh_config, num_devices)
 
 
+@pytest.mark.slow
 def test_tensorboard_writer_leaves_torch_unimported_and_importable(tmp_path):
   """tensorboardX imports PyTorch whenever it is installed (2-3 s and ~300 MB per run); the
   trainer's writer writes events without it, and torch still imports afterwards."""

@@ -8,7 +8,11 @@ translates stdin and scores a test set with the trained workdir.
 import gzip
 import os
 
+import pytest
+
 from transformer_jax.data.numbers import make_numbers_splits
+
+pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
 
 
 def write_corpus(directory, prefix: str, en: bytes, de: bytes, compress: bool = False):

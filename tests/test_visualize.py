@@ -52,6 +52,7 @@ SOURCE = np.asarray([[5, 6, 7, 1, 0, 0, 0], [5, 6, 7, 8, 9, 10, 1]], np.int32)
 TARGET = np.asarray([[4, 5, 1, 0, 0], [4, 9, 9, 9, 1]], np.int32)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_weights_sum_to_one_and_are_zero_where_masked():
   model, params = tiny_encoder_decoder()
   maps = visualize.collect_attention(model, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
@@ -80,6 +81,7 @@ def test_encoder_decoder_weights_sum_to_one_and_are_zero_where_masked():
       assert np.all(w[..., ~future] > 0.0)
 
 
+@pytest.mark.slow
 def test_capture_uses_the_weight_returning_path_whatever_the_implementation():
   """Each configured implementation yields the same weights, and capturing them leaves the
   model's output unchanged."""
@@ -95,6 +97,7 @@ def test_capture_uses_the_weight_returning_path_whatever_the_implementation():
       np.testing.assert_array_equal(maps[name], reference[name], err_msg=implementation)
 
 
+@pytest.mark.slow
 def test_gpt_weights_are_causal_and_labelled_with_the_characters():
   model, params = tiny_gpt()
   tokenizer = lm_data.CharTokenizer(list('abcdefgh ij\nklmnopqrstuvwxyz.,'))
@@ -183,6 +186,7 @@ def test_pictures_have_the_promised_pixel_size(tmp_path):
   assert image.std() > 10  # something was drawn
 
 
+@pytest.mark.slow
 def test_report_index_shows_every_picture(tmp_path):
   model, params = tiny_encoder_decoder()
   raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[1:]),
@@ -252,6 +256,7 @@ def trained_translation(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_training_writes_attention_grids_to_tensorboard_at_every_eval(trained_translation):
   images = read_image_events(os.path.join(trained_translation, 'tensorboard'))
   assert sorted(images) == ['attention/decoder/cross_attention',
@@ -269,6 +274,7 @@ def run_cli(*flags):
                         env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_cli_draws_every_layer_and_head_of_a_trained_workdir(trained_translation, tmp_path):
   from transformer_jax.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / 'pictures')
@@ -297,6 +303,7 @@ def test_cli_draws_every_layer_and_head_of_a_trained_workdir(trained_translation
                                                            round(height * visualize.DPI))
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_error_line(trained_translation, tmp_path):
   result = run_cli(f'--workdir={trained_translation}', '--target=sie')
   assert result.returncode == 1

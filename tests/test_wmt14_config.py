@@ -11,11 +11,11 @@ import math
 import os
 
 import jax
+import pytest
 import tensorflow_datasets as tfds
-
 from conftest import DEFAULT_SHARED_DATA
-from experiments.configs import multi30k
-from experiments.configs import wmt14
+
+from experiments.configs import multi30k, wmt14
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.model_config import model_config_from_dict
 from transformer_jax.models import EncoderDecoder
@@ -40,6 +40,7 @@ def shrink(config, *, vocab_size: int, num_steps: int = 3):
   return config
 
 
+@pytest.mark.slow
 def test_wmt14_config_trains_end_to_end_on_tfds_mock_data(tmp_path):
   """wmt14.py's tfds source ('wmt14_translate/de-en', splits train/validation, en->de) loads,
   trains a tokenizer on the text, runs 3 steps, evaluates and writes a checkpoint."""
@@ -62,8 +63,8 @@ def multi30k_dir(config, corpus) -> str:
   """The corpus that config.data.dir names: data.dir is relative to the repository root (where
   runs start) and must point at shared/data/multi30k beside the checkout; the files are read
   from the `corpus` fixture's folder (the same one unless TRANSFORMER_JAX_SHARED_DATA moves it)."""
-  assert os.path.normpath(os.path.join(REPO_ROOT, config.data.dir)) == str(
-      DEFAULT_SHARED_DATA / 'multi30k')
+  configured = os.path.normpath(os.path.join(REPO_ROOT, config.data.dir))
+  assert configured == str(DEFAULT_SHARED_DATA / 'multi30k'), configured
   return str(corpus('multi30k'))
 
 
@@ -84,6 +85,7 @@ def test_multi30k_config_paths_point_at_the_real_files(corpus):
     assert tgt[0] == first_line(os.path.join(config.data.dir, f'{prefix}.de.gz'))
 
 
+@pytest.mark.slow
 def test_multi30k_config_trains_end_to_end_on_the_real_data(corpus, tmp_path):
   """multi30k.py on the real files, limited to 300 training pairs: tokenizer, 3 steps,
   evaluation and a checkpoint."""
