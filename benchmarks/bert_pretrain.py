@@ -14,12 +14,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import tempfile
 import time
@@ -57,13 +56,24 @@ def main(argv):
     rates = [r['train/tokens_per_s'] for r in map(json.loads, f) if 'train/tokens_per_s' in r]
   rates = rates[1:] or rates
   out = {
-      'benchmark': 'bert_pretrain', 'sentence_task': _TASK.value, 'steps': results['step'],
-      'mlm_accuracy': round(results['eval_accuracy'], 4),
-      'mlm_loss': round(results['eval_loss'], 4),
-      f'{_TASK.value}_accuracy': round(results.get(f'eval_{_TASK.value}_accuracy',
-                                                   float('nan')), 4),
-      'tokens_per_s': round(sorted(rates)[len(rates) // 2]) if rates else 0,
-      'minutes': round((time.time() - start) / 60.0, 2), 'params': results['params'],
+      'benchmark':
+          'bert_pretrain',
+      'sentence_task':
+          _TASK.value,
+      'steps':
+          results['step'],
+      'mlm_accuracy':
+          round(results['eval_accuracy'], 4),
+      'mlm_loss':
+          round(results['eval_loss'], 4),
+      f'{_TASK.value}_accuracy':
+          round(results.get(f'eval_{_TASK.value}_accuracy', float('nan')), 4),
+      'tokens_per_s':
+          round(sorted(rates)[len(rates) // 2]) if rates else 0,
+      'minutes':
+          round((time.time() - start) / 60.0, 2),
+      'params':
+          results['params'],
   }
   print(json.dumps(out), flush=True)
 

@@ -30,12 +30,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import functools
 import json
 import time
@@ -95,15 +94,14 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
   @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
   def cached(params, prompt):  # prefill + `new` cached greedy steps
     cache = empty_cache(decoder, jnp.zeros((batch_size, total - 1), jnp.int32))
-    _, state = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
-                             mutable=['cache'])
+    _, state = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1], mutable=['cache'])
 
     def tokens_to_logits(tokens, cache):
-      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
-                                      mutable=['cache'])
+      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens, mutable=['cache'])
       return logits[:, -1], updated['cache']
+
     return search.sample(tokens_to_logits, state['cache'], jax.random.key(0),
-                           first_tokens=prompt[:, -1], max_len=new, temperature=0.0)
+                         first_tokens=prompt[:, -1], max_len=new, temperature=0.0)
 
   @jax.jit
   def recompute(params, prompt):  # every step a full causal pass over the whole buffer
@@ -113,8 +111,10 @@ def gpt_throughput(batch_size: int, new: int, prompt_len: int, repeats: int) -> 
       position = prompt_len + i
       logits = model.apply({'params': params}, buffer)
       last = lax.dynamic_index_in_dim(logits, position - 1, axis=1, keepdims=False)
-      return lax.dynamic_update_index_in_dim(buffer, jnp.argmax(last, -1).astype(jnp.int32),
-                                             position, axis=1)
+      return lax.dynamic_update_index_in_dim(buffer,
+                                             jnp.argmax(last, -1).astype(jnp.int32), position,
+                                             axis=1)
+
     return lax.fori_loop(0, new, body, buffer)
 
   out = {}
@@ -137,8 +137,8 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
   from transformer_jax.models.encoder_decoder import EncoderDecoder
 
   cfg = TransformerConfig(vocab_size=8000, emb_dim=256, num_heads=4, mlp_dim=1024,
-                          num_encoder_layers=3, num_decoder_layers=3, max_len=256,
-                          dropout_rate=0.0, attention_dropout_rate=0.0)
+                          num_encoder_layers=3, num_decoder_layers=3, max_len=256, dropout_rate=0.0,
+                          attention_dropout_rate=0.0)
   model, decoder = EncoderDecoder(cfg), EncoderDecoder(cfg.replace(decode=True))
   inputs = jax.random.randint(jax.random.key(1), (batch_size, source_len), 3, cfg.vocab_size)
   params = jax.jit(lambda key: nn.meta.unbox(model.init(key, inputs[:1], inputs[:1, :4])))(
@@ -150,8 +150,7 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
     inputs_b = search.expand_to_beams(inputs, beam)
     sequences, _ = search.beam_search(
         lambda tokens, cache: tokens_to_logits_fn(params, encoded_b, inputs_b, tokens, cache),
-        cache, batch_size=batch_size, beam_size=beam, max_len=target_len, alpha=0.6,
-        eos_id=NO_EOS)
+        cache, batch_size=batch_size, beam_size=beam, max_len=target_len, alpha=0.6, eos_id=NO_EOS)
     return sequences[:, 0]
 
   def cached_logits(params, encoded, inputs, tokens, cache):
@@ -163,8 +162,7 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
     # The "cache" is the target history [N, target_len] (reordered with the beams) + the step.
     history = jax.lax.dynamic_update_index_in_dim(cache['history'], tokens[:, 0], cache['step'],
                                                   axis=1)
-    logits = model.apply({'params': params}, encoded, inputs, history,
-                         method=EncoderDecoder.decode)
+    logits = model.apply({'params': params}, encoded, inputs, history, method=EncoderDecoder.decode)
     last = jax.lax.dynamic_index_in_dim(logits, cache['step'], axis=1, keepdims=False)
     return last, {'history': history, 'step': cache['step'] + 1}
 
@@ -175,8 +173,9 @@ def translation_throughput(batch_size: int, beam: int, source_len: int, target_l
 
   @jax.jit
   def recompute(params, inputs):
-    cache = {'history': jnp.zeros((batch_size, target_len), jnp.int32),
-             'step': jnp.zeros((), jnp.int32)}
+    cache = {
+        'history': jnp.zeros((batch_size, target_len), jnp.int32), 'step': jnp.zeros((), jnp.int32)
+    }
     return best_sequences(params, inputs, recomputed_logits, cache)
 
   out = {}
@@ -191,13 +190,15 @@ def throughput_part(repeats: int) -> dict:
   for batch in [int(b) for b in _BATCHES.value]:
     g = gpt_throughput(batch, _NEW.value, _PROMPT.value, repeats)
     results['gpt'][str(batch)] = g
-    print(f'gpt         batch {batch:3d}: cached {g["cached"]["tokens_per_s"]:9,.0f} tok/s, '
-          f'recompute {g["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
+    print(
+        f'gpt         batch {batch:3d}: cached {g["cached"]["tokens_per_s"]:9,.0f} tok/s, '
+        f'recompute {g["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
     t = translation_throughput(batch, _BEAM.value, _SOURCE_LEN.value, _TARGET_LEN.value, repeats)
     results['translation'][str(batch)] = t
-    print(f'translation batch {batch:3d} beam {_BEAM.value}: cached '
-          f'{t["cached"]["tokens_per_s"]:9,.0f} tok/s, recompute '
-          f'{t["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
+    print(
+        f'translation batch {batch:3d} beam {_BEAM.value}: cached '
+        f'{t["cached"]["tokens_per_s"]:9,.0f} tok/s, recompute '
+        f'{t["recompute"]["tokens_per_s"]:9,.0f} tok/s', flush=True)
   return results
 
 
@@ -245,8 +246,7 @@ def context_part() -> dict:
     @jax.jit
     def prefill(params, prompt):
       cache_len = prompt.shape[1] + new - 1
-      shapes = jax.eval_shape(decoder.init, jax.random.key(0),
-                              jnp.zeros((1, cache_len), jnp.int32))
+      shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((1, cache_len), jnp.int32))
       cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes['cache'])
       _, updated = decoder.apply({'params': params, 'cache': cache}, prompt[:, :-1],
                                  mutable=['cache'])
@@ -254,12 +254,14 @@ def context_part() -> dict:
 
     @functools.partial(jax.jit, compiler_options=search.decode_compiler_options())
     def cached_steps(params, cache, first):
+
       def tokens_to_logits(tokens, cache):
         logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
                                         mutable=['cache'])
         return logits[:, -1], updated['cache']
+
       return search.sample(tokens_to_logits, cache, jax.random.key(0), first_tokens=first,
-                             max_len=new, temperature=0.0)
+                           max_len=new, temperature=0.0)
 
     @jax.jit
     def recompute_step(params, window):
@@ -270,34 +272,37 @@ def context_part() -> dict:
     for context in contexts:
       prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(1, context)), jnp.int32)
       cache = prefill(params, prompt)
-      cached = [t / new for t in fastest(lambda: cached_steps(params, cache, prompt[:, -1]),
-                                         repeats)]
+      cached = [
+          t / new for t in fastest(lambda: cached_steps(params, cache, prompt[:, -1]), repeats)
+      ]
       recompute = fastest(lambda: recompute_step(params, prompt), repeats)
       # What a step must read at the least: every weight once, and the keys and values of the
       # tokens so far (the mean context over the timed steps).
       cache_bytes = 2 * cfg.num_decoder_layers * (context + new / 2) * cfg.num_kv_heads * \
           cfg.head_dim * 4
       results[context] = (cached, recompute, param_bytes + cache_bytes)
-      logging.info('%s context %5d: cached %.3f ms/token (CPU %.3f), recompute %.3f ms/token '
-                   '(CPU %.3f): %.1fx; least bytes per token %.1f MB', name, context,
-                   cached[0] * 1e3, cached[1] * 1e3, recompute[0] * 1e3, recompute[1] * 1e3,
-                   recompute[0] / cached[0], (param_bytes + cache_bytes) / 1e6)
+      logging.info(
+          '%s context %5d: cached %.3f ms/token (CPU %.3f), recompute %.3f ms/token '
+          '(CPU %.3f): %.1fx; least bytes per token %.1f MB', name, context, cached[0] * 1e3,
+          cached[1] * 1e3, recompute[0] * 1e3, recompute[1] * 1e3, recompute[0] / cached[0],
+          (param_bytes + cache_bytes) / 1e6)
 
     first, last = contexts[0], contexts[-1]
     ratio = results[last][0][0] / results[first][0][0]
     bound = results[last][2] / results[first][2]
-    print(f'{name}: cached ms/token ' + ', '.join(
-        f'{c}: {r[0][0] * 1e3:.3f}' for c, r in results.items()) +
-          f' | {last}/{first} {ratio:.2f}x (memory-traffic bound {bound:.2f}x) | '
-          f'{results[last][1][0] / results[last][0][0]:.0f}x faster than recompute', flush=True)
+    print(
+        f'{name}: cached ms/token ' +
+        ', '.join(f'{c}: {r[0][0] * 1e3:.3f}' for c, r in results.items()) +
+        f' | {last}/{first} {ratio:.2f}x (memory-traffic bound {bound:.2f}x) | '
+        f'{results[last][1][0] / results[last][0][0]:.0f}x faster than recompute', flush=True)
     out[name] = {
-        'params': int(sum(x.size for x in jax.tree.leaves(params))), 'new_tokens': new,
+        'params': int(sum(x.size for x in jax.tree.leaves(params))),
+        'new_tokens': new,
         'cached_ms_per_token': {str(c): round(r[0][0] * 1e3, 4) for c, r in results.items()},
         'recompute_ms_per_token': {str(c): round(r[1][0] * 1e3, 4) for c, r in results.items()},
         'cached_cpu_ms_per_token': {str(c): round(r[0][1] * 1e3, 4) for c, r in results.items()},
         f'cached_ratio_{last}_vs_{first}': round(ratio, 3),
-        f'cached_cpu_ratio_{last}_vs_{first}': round(results[last][0][1] / results[first][0][1],
-                                                     3),
+        f'cached_cpu_ratio_{last}_vs_{first}': round(results[last][0][1] / results[first][0][1], 3),
         f'bytes_bound_ratio_{last}_vs_{first}': round(bound, 3),
         f'speedup_at_{last}': round(results[last][1][0] / results[last][0][0], 1),
     }

@@ -22,12 +22,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()  # before jax allocates anything
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 from absl import app, flags
 
@@ -56,8 +55,8 @@ def _time_dot(key: tuple, dtype) -> tuple[float, float]:
   a, b = jnp.ones(lhs, dtype), jnp.ones(rhs, dtype)
   out, _ = dot(a, b).block_until_ready(), call(a, b).block_until_ready()
   flops = 2.0 * out.size * np.prod([lhs[d] for d in lhs_c])
-  seconds = (bench._best_seconds(lambda: dot(a, b).block_until_ready(), 7)
-             - bench._best_seconds(lambda: call(a, b).block_until_ready(), 7))
+  seconds = (bench._best_seconds(lambda: dot(a, b).block_until_ready(), 7) -
+             bench._best_seconds(lambda: call(a, b).block_until_ready(), 7))
   return max(seconds, 1e-6), float(flops)
 
 
@@ -72,6 +71,7 @@ def main(argv):
   training = bench.build_jax_training(spec, seed=0)
   with sharding.use_mesh(training.mesh, training.rules):
     compiled = training.train_step.lower(training.state, training.batches[0]).compile()
+
     # train_step.py's loop: first step and one more excluded, each timed step synced alone.
     def step(state, batch):
       state, metrics = compiled(state, batch)
@@ -85,14 +85,15 @@ def main(argv):
   for dot in hlo_text.dots(compiled.as_text()):
     key = _dot_key(dot)
     counts[key] += 1
-    origin.setdefault(key, dot['op_name'].split('/')[-2] if '/' in dot['op_name']
-                      else dot['op_name'])
+    origin.setdefault(key,
+                      dot['op_name'].split('/')[-2] if '/' in dot['op_name'] else dot['op_name'])
   rows = []
   for key, count in counts.items():
     alone_s, flops = _time_dot(key, DTYPES[bench._DTYPE.value])
-    rows.append(dict(lhs=key[0], rhs=key[1], contracting=[key[2], key[3]], batch=[key[4], key[5]],
-                     count=count, ms_total=1000.0 * count * alone_s,
-                     gflops_per_s=flops / alone_s / 1e9, op=origin[key]))
+    rows.append(
+        dict(lhs=key[0], rhs=key[1], contracting=[key[2], key[3]], batch=[key[4],
+                                                                          key[5]], count=count,
+             ms_total=1000.0 * count * alone_s, gflops_per_s=flops / alone_s / 1e9, op=origin[key]))
   rows.sort(key=lambda r: -r['ms_total'])
   dots_ms = sum(r['ms_total'] for r in rows)
   batched_ms = sum(r['ms_total'] for r in rows if r['batch'][0])
@@ -104,11 +105,13 @@ def main(argv):
   print(f'dots alone: {dots_ms:.0f} ms = {100 * dots_ms / (1000 * step_s):.0f}% of the step '
         f'(batched, i.e. attention: {batched_ms:.0f} ms); everything else at most '
         f'{1000 * step_s - dots_ms:.0f} ms')
-  print(json.dumps({'benchmark': 'dot_budget', 'config': _CONFIG.value, 'spec': spec,
-                    'dtype': bench._DTYPE.value, 'step_ms': 1000 * step_s,
-                    'dots_alone_ms': dots_ms, 'batched_dots_alone_ms': batched_ms,
-                    'dots': rows, 'jax_version': jax.__version__,
-                    'allocator': process.allocator_description()}))
+  print(
+      json.dumps({
+          'benchmark': 'dot_budget', 'config': _CONFIG.value, 'spec': spec,
+          'dtype': bench._DTYPE.value, 'step_ms': 1000 * step_s, 'dots_alone_ms': dots_ms,
+          'batched_dots_alone_ms': batched_ms, 'dots': rows, 'jax_version': jax.__version__,
+          'allocator': process.allocator_description()
+      }))
 
 
 if __name__ == '__main__':

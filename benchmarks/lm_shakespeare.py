@@ -14,12 +14,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import tempfile
 import time
@@ -67,21 +66,24 @@ def main(argv):
 
   # Training-text loss on fixed windows, measured like the validation loss (not the running
   # average of the last training steps, which lags behind the parameters).
-  train_batches = lm_data.eval_batches(train_tokens, config.data.block_size,
-                                       config.data.batch_size, config.data.eval_batches,
-                                       seed=config.seed + 1)
+  train_batches = lm_data.eval_batches(train_tokens, config.data.block_size, config.data.batch_size,
+                                       config.data.eval_batches, seed=config.seed + 1)
   train_eval = trainer.evaluate(params, iter(train_batches))
   sample = task.sample_text(params, _SAMPLE_TOKENS.value)
   logging.info('sample (%d tokens, temperature %.1f, top_k %d):\n%s', _SAMPLE_TOKENS.value,
                task.temperature, task.top_k, sample)
   out = {
-      'benchmark': 'lm_shakespeare', 'steps': results['step'],
-      'val_loss': round(results['eval_loss'], 4), 'train_loss': round(train_eval['loss'], 4),
+      'benchmark': 'lm_shakespeare',
+      'steps': results['step'],
+      'val_loss': round(results['eval_loss'], 4),
+      'train_loss': round(train_eval['loss'], 4),
       'minutes': round(results['minutes'], 2),
       'total_minutes': round((time.time() - start) / 60, 2),
       'tokens_per_s': round(steady_tokens_per_s(workdir)),
-      'tokens_per_s_overall': round(results['tokens_per_s']), 'params': trainer.num_params(),
-      'target_val_loss': 1.88, 'allocator': process.allocator_description().split(' ')[0],
+      'tokens_per_s_overall': round(results['tokens_per_s']),
+      'params': trainer.num_params(),
+      'target_val_loss': 1.88,
+      'allocator': process.allocator_description().split(' ')[0],
       'workdir': workdir,
   }
   trainer.close()

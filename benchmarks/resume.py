@@ -32,21 +32,41 @@ RESTORED = re.compile(r'restored checkpoint at step (\d+) ')
 # The quickstart shrunk as in tests/conftest.py (TINY_OVERRIDES), dropout on, short epochs so
 # that kill points fall in different epochs of the shuffled batcher.
 TRANSLATE_FLAGS = {
-    'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
-    'model.num_encoder_layers': 1, 'model.num_decoder_layers': 1, 'model.dropout_rate': 0.1,
-    'model.attention_dropout_rate': 0.1, 'data.max_len': 32, 'data.batch_tokens': 512,
-    'data.max_train_examples': 300, 'optimizer.learning_rate': 5e-3,
-    'optimizer.warmup_steps': 10, 'train.log_every': 1, 'train.eval_every': 0,
-    'train.eval_max_batches': 1, 'eval.bleu_sentences': 2, 'eval.decode_rows': 64,
+    'model.emb_dim': 32,
+    'model.num_heads': 2,
+    'model.mlp_dim': 64,
+    'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1,
+    'model.dropout_rate': 0.1,
+    'model.attention_dropout_rate': 0.1,
+    'data.max_len': 32,
+    'data.batch_tokens': 512,
+    'data.max_train_examples': 300,
+    'optimizer.learning_rate': 5e-3,
+    'optimizer.warmup_steps': 10,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'train.eval_max_batches': 1,
+    'eval.bleu_sentences': 2,
+    'eval.decode_rows': 64,
     'eval.test_prefix': '',
 }
 # A tiny character GPT (dropout on); eval.sample_tokens=0: no sampling at the end.
 LM_FLAGS = {
-    'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
-    'model.num_decoder_layers': 2, 'model.dropout_rate': 0.1,
-    'model.attention_dropout_rate': 0.1, 'data.block_size': 16, 'data.batch_size': 8,
-    'data.eval_batches': 1, 'optimizer.warmup_steps': 5, 'optimizer.decay_steps': 100,
-    'train.log_every': 1, 'train.eval_every': 0, 'train.eval_max_batches': 0,
+    'model.emb_dim': 32,
+    'model.num_heads': 2,
+    'model.mlp_dim': 64,
+    'model.num_decoder_layers': 2,
+    'model.dropout_rate': 0.1,
+    'model.attention_dropout_rate': 0.1,
+    'data.block_size': 16,
+    'data.batch_size': 8,
+    'data.eval_batches': 1,
+    'optimizer.warmup_steps': 5,
+    'optimizer.decay_steps': 100,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'train.eval_max_batches': 0,
     'eval.sample_tokens': 0,
 }
 
@@ -66,8 +86,8 @@ def command(task: str, workdir: str, num_steps: int, checkpoint_every: int,
     raise ValueError(f'unknown task {task!r}')
   values.update({'train.num_steps': num_steps, 'train.checkpoint_every': checkpoint_every})
   values.update(extra or {})
-  return [sys.executable, '-m', module, f'--config={config}', f'--workdir={workdir}'] + [
-      f'--config.{k}={v}' for k, v in values.items()]
+  return [sys.executable, '-m', module, f'--config={config}', f'--workdir={workdir}'
+         ] + [f'--config.{k}={v}' for k, v in values.items()]
 
 
 def environment(extra: dict | None = None) -> dict[str, str]:
@@ -117,8 +137,8 @@ def run_and_kill(cmd: list[str], env: dict, kill_step: int, timeout: float = 900
 
 def saved_state(workdir: str, step: int | None = None) -> dict[str, np.ndarray]:
   """{key path: array} of the train state in the workdir's latest (or `step`) checkpoint."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  import jax
+  import orbax.checkpoint as ocp
   directory = os.path.join(workdir, 'checkpoints')
   if step is None:
     step = max(int(name) for name in os.listdir(directory) if name.isdigit())
@@ -153,14 +173,16 @@ def kill_and_resume(task: str, root: str, index: int, kill_step: int, num_steps:
   restored = RESTORED.search(log)
   state = saved_state(workdir)
   difference = compare_states(reference, state)
-  return {'task': task, 'kill_step': kill_step, 'killed_after_step': killed_at,
-          'restored_step': int(restored.group(1)) if restored else None,
-          'fell_back': 'could not be restored' in log, 'match': difference is None,
-          'difference': difference, 'seconds': round(time.time() - start, 1)}
+  return {
+      'task': task, 'kill_step': kill_step, 'killed_after_step': killed_at,
+      'restored_step': int(restored.group(1)) if restored else None,
+      'fell_back': 'could not be restored' in log, 'match': difference is None,
+      'difference': difference, 'seconds': round(time.time() - start, 1)
+  }
 
 
 def main():
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   kills = flags.DEFINE_integer('kills', 10, 'Kill points (alternating translate / lm).')
   num_steps = flags.DEFINE_integer('num_steps', 30, 'Steps of every run.')
   checkpoint_every = flags.DEFINE_integer('checkpoint_every', 4, 'Checkpoint cadence.')
@@ -169,13 +191,15 @@ def main():
   cache = flags.DEFINE_bool('compilation_cache', True,
                             'Share a persistent XLA compilation cache between the runs.')
   flags.FLAGS(sys.argv)
-  import json  # pylint: disable=g-import-not-at-top
+  import json
   root = workdir_flag.value or tempfile.mkdtemp(prefix='resume_')
   extra_env = {'TRANSFORMER_JAX_COMPILATION_CACHE': 'off'}  # not the user's cache
   if cache.value:
-    extra_env = {'JAX_COMPILATION_CACHE_DIR': os.path.join(root, 'xla_cache'),
-                 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-                 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+    extra_env = {
+        'JAX_COMPILATION_CACHE_DIR': os.path.join(root, 'xla_cache'),
+        'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+        'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'
+    }
   env = environment(extra_env)
   rng = random.Random(seed.value)
   tasks = ['translate', 'lm'][:max(1, min(2, kills.value))]
@@ -186,8 +210,9 @@ def main():
     workdir = os.path.join(root, f'{task}_reference')
     run_to_end(command(task, workdir, num_steps.value, checkpoint_every.value), env)
     references[task] = saved_state(workdir)
-    print(f'{task}: uninterrupted reference run of {num_steps.value} steps in '
-          f'{time.time() - t0:.0f} s', flush=True)
+    print(
+        f'{task}: uninterrupted reference run of {num_steps.value} steps in '
+        f'{time.time() - t0:.0f} s', flush=True)
   results = []
   for i in range(kills.value):
     task = tasks[i % len(tasks)]
@@ -196,21 +221,25 @@ def main():
     result = kill_and_resume(task, root, i, kill_step, num_steps.value, checkpoint_every.value,
                              references[task], env)
     results.append(result)
-    print(f'kill {i + 1}/{kills.value} {task}: SIGKILL after step {result["killed_after_step"]}'
-          f', resumed from step {result["restored_step"]}'
-          f'{" (fell back past an unfinished checkpoint)" if result["fell_back"] else ""}: '
-          f'{"bitwise identical" if result["match"] else "DIFFERENT: " + result["difference"]}'
-          f' ({result["seconds"]:.0f} s)', flush=True)
+    print(
+        f'kill {i + 1}/{kills.value} {task}: SIGKILL after step {result["killed_after_step"]}'
+        f', resumed from step {result["restored_step"]}'
+        f'{" (fell back past an unfinished checkpoint)" if result["fell_back"] else ""}: '
+        f'{"bitwise identical" if result["match"] else "DIFFERENT: " + result["difference"]}'
+        f' ({result["seconds"]:.0f} s)', flush=True)
   matched = sum(r['match'] for r in results)
-  print(f'{matched}/{len(results)} resumed runs ended bitwise identical to the uninterrupted '
-        f'run ({time.time() - start:.0f} s)', flush=True)
-  print(json.dumps({'kill_points': len(results), 'matched': matched,
-                    'tasks': {t: sum(r['match'] for r in results if r['task'] == t)
-                              for t in tasks},
-                    'num_steps': num_steps.value, 'checkpoint_every': checkpoint_every.value,
-                    'kill_steps': [r['killed_after_step'] for r in results],
-                    'restored_steps': [r['restored_step'] for r in results],
-                    'minutes': round((time.time() - start) / 60, 2)}))
+  print(
+      f'{matched}/{len(results)} resumed runs ended bitwise identical to the uninterrupted '
+      f'run ({time.time() - start:.0f} s)', flush=True)
+  print(
+      json.dumps({
+          'kill_points': len(results), 'matched': matched,
+          'tasks': {t: sum(r['match'] for r in results if r['task'] == t) for t in tasks},
+          'num_steps': num_steps.value, 'checkpoint_every': checkpoint_every.value,
+          'kill_steps': [r['killed_after_step'] for r in results],
+          'restored_steps': [r['restored_step'] for r in results], 'minutes': round(
+              (time.time() - start) / 60, 2)
+      }))
 
 
 if __name__ == '__main__':

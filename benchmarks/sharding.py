@@ -18,7 +18,6 @@ if __name__ == '__main__':
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import statistics
 import tempfile
@@ -64,47 +63,54 @@ def measure(name: str, mesh_config: dict, task, batch, workdir: str) -> dict:
     for _ in range(_STEPS.value + 1):
       start = time.perf_counter()
       # The trainer's own jitted step (what fit runs), without fit's logging around it.
-      step_fn = trainer._train_step  # pylint: disable=protected-access
+      step_fn = trainer._train_step
       state, metrics = step_fn(state, trainer.to_global(batch))
       jax.block_until_ready(metrics)
       times.append(time.perf_counter() - start)
   trainer.close()
-  result = {'layout': name, 'mesh': mesh_config, 'param_bytes_per_device': params,
-            'optimizer_bytes_per_device': optimizer, 'total_bytes_per_device': params + optimizer,
-            'first_step_s': round(times[0], 3),
-            'step_ms': round(statistics.median(times[1:]) * 1e3, 1),
-            'loss': float(metrics['loss_mean'])}
-  print(f'{name:28s} params {params / 2**20:7.2f} MiB + optimizer {optimizer / 2**20:7.2f} MiB '
-        f'per device | first step {times[0]:6.1f} s | step {result["step_ms"]:8.1f} ms | '
-        f'loss {result["loss"]:.4f}', flush=True)
+  result = {
+      'layout': name, 'mesh': mesh_config, 'param_bytes_per_device': params,
+      'optimizer_bytes_per_device': optimizer, 'total_bytes_per_device': params + optimizer,
+      'first_step_s': round(times[0], 3), 'step_ms': round(statistics.median(times[1:]) * 1e3,
+                                                           1), 'loss': float(metrics['loss_mean'])
+  }
+  print(
+      f'{name:28s} params {params / 2**20:7.2f} MiB + optimizer {optimizer / 2**20:7.2f} MiB '
+      f'per device | first step {times[0]:6.1f} s | step {result["step_ms"]:8.1f} ms | '
+      f'loss {result["loss"]:.4f}', flush=True)
   return result
 
 
 def main(argv):
   del argv
   assert jax.device_count() == 8, jax.devices()
-  cfg = gpt2_config(vocab_size=VOCAB, emb_dim=_WIDTH.value, num_heads=8,
-                    mlp_dim=4 * _WIDTH.value,
+  cfg = gpt2_config(vocab_size=VOCAB, emb_dim=_WIDTH.value, num_heads=8, mlp_dim=4 * _WIDTH.value,
                     num_decoder_layers=_LAYERS.value, max_len=BLOCK, dropout_rate=0.0,
                     attention_dropout_rate=0.0)
   task = LanguageModelTask(cfg)
   tokens = np.random.RandomState(0).randint(0, VOCAB, (_BATCH.value, BLOCK + 1)).astype(np.int32)
   batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]}
-  print(f'GPT {_LAYERS.value} layers x {_WIDTH.value} wide, vocab {VOCAB}, batch '
-        f'{_BATCH.value} x {BLOCK}; {jax.device_count()} simulated CPU devices', flush=True)
+  print(
+      f'GPT {_LAYERS.value} layers x {_WIDTH.value} wide, vocab {VOCAB}, batch '
+      f'{_BATCH.value} x {BLOCK}; {jax.device_count()} simulated CPU devices', flush=True)
   results = []
   with tempfile.TemporaryDirectory() as workdir:
     for i, (name, mesh_config) in enumerate(LAYOUTS.items()):
       results.append(measure(name, mesh_config, task, batch, os.path.join(workdir, str(i))))
-  total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(
-      jax.eval_shape(lambda: task.init_variables(jax.random.key(0)))))
+  total = sum(
+      int(np.prod(x.shape)) * x.dtype.itemsize
+      for x in jax.tree.leaves(jax.eval_shape(lambda: task.init_variables(jax.random.key(0)))))
   by_name = {r['layout']: r for r in results}
   summary = {
-      'model': {'layers': _LAYERS.value, 'width': _WIDTH.value, 'vocab': VOCAB,
-                'param_bytes': int(total)},
-      'layouts': results,
-      'fsdp8_over_data8_bytes': round(by_name['fsdp=8']['total_bytes_per_device'] /
-                                      by_name['data=8']['total_bytes_per_device'], 4),
+      'model': {
+          'layers': _LAYERS.value, 'width': _WIDTH.value, 'vocab': VOCAB, 'param_bytes': int(total)
+      },
+      'layouts':
+          results,
+      'fsdp8_over_data8_bytes':
+          round(
+              by_name['fsdp=8']['total_bytes_per_device'] /
+              by_name['data=8']['total_bytes_per_device'], 4),
   }
   print(json.dumps(summary))
 

@@ -13,12 +13,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import tempfile
 import time
@@ -55,14 +54,18 @@ def main(argv):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     evals = [r for r in map(json.loads, f) if 'eval/accuracy' in r]
   out = {
-      'benchmark': 'sst2_minilm', 'dev_accuracy': round(results['dev_accuracy'], 4),
-      'dev_loss': round(results.get('eval_loss', float('nan')), 4), 'steps': results['step'],
+      'benchmark': 'sst2_minilm',
+      'dev_accuracy': round(results['dev_accuracy'], 4),
+      'dev_loss': round(results.get('eval_loss', float('nan')), 4),
+      'steps': results['step'],
       'epochs': round(results['step'] * config.data.batch_size / 67349, 2),
       'minutes': round((time.time() - start) / 60.0, 2),
-      'train_minutes': round(results['minutes'], 2), 'params': results['params'],
+      'train_minutes': round(results['minutes'], 2),
+      'params': results['params'],
       'tokens_per_s': round(results['tokens_per_s']),
       'dev_accuracy_by_step': {r['step']: round(r['eval/accuracy'], 4) for r in evals},
-      'learning_rate': config.optimizer.learning_rate, 'batch_size': config.data.batch_size,
+      'learning_rate': config.optimizer.learning_rate,
+      'batch_size': config.data.batch_size,
       'max_len': config.data.max_len,
   }
   print(json.dumps(out), flush=True)

@@ -30,20 +30,20 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()  # before jax allocates anything
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags
 
 from benchmarks import train_step as bench
 
 _CONFIG = flags.DEFINE_enum('config', 'bert', list(bench.CONFIGS), 'Config of train_step.py.')
 _TOP = flags.DEFINE_integer('top', 25, 'Print the N most expensive instructions.')
-_PART = flags.DEFINE_string('part', '', 'List only instructions of parts whose name contains '
-                            'this (e.g. "attention"); the summary still covers all.')
+_PART = flags.DEFINE_string(
+    'part', '', 'List only instructions of parts whose name contains '
+    'this (e.g. "attention"); the summary still covers all.')
 _STEPS = 3  # profiled, after as many untimed ones
 
 
@@ -100,9 +100,9 @@ def main(argv):
       continue
     called = hlo_text.called_computation(i)
     calls_dot = i['opcode'] == 'dot' or called in dot_computations
-    rows.append(dict(name=i['name'], opcode=i['opcode'], shape=i['shape'].split('{')[0],
-                     ms=event_ms[i['name']], part=part_of_model(i, calls_dot),
-                     op_name=i['op_name']))
+    rows.append(
+        dict(name=i['name'], opcode=i['opcode'], shape=i['shape'].split('{')[0],
+             ms=event_ms[i['name']], part=part_of_model(i, calls_dot), op_name=i['op_name']))
   rows.sort(key=lambda r: -r['ms'])
   total_ms = sum(r['ms'] for r in rows)
   parts = collections.Counter()
@@ -114,14 +114,16 @@ def main(argv):
   for part, ms in parts.most_common():
     print(f'  {ms:8.1f} ms  {100 * ms / total_ms:4.1f}%  {part}')
   listed = [r for r in rows if _PART.value in r['part']][:_TOP.value]
-  print(f'the {len(listed)} most expensive instructions'
-        + (f' of "{_PART.value}":' if _PART.value else ':'))
+  print(f'the {len(listed)} most expensive instructions' +
+        (f' of "{_PART.value}":' if _PART.value else ':'))
   for r in listed:
     print(f'  {r["ms"]:8.1f} ms  {r["name"]:26s} {r["shape"]:22s} {r["op_name"][-90:]}')
-  print(json.dumps({'benchmark': 'step_profile', 'config': _CONFIG.value, 'spec': spec,
-                    'instructions_ms': total_ms, 'parts_ms': dict(parts),
-                    'top': listed, 'jax_version': jax.__version__,
-                    'allocator': process.allocator_description()}))
+  print(
+      json.dumps({
+          'benchmark': 'step_profile', 'config': _CONFIG.value, 'spec': spec,
+          'instructions_ms': total_ms, 'parts_ms': dict(parts), 'top': listed,
+          'jax_version': jax.__version__, 'allocator': process.allocator_description()
+      }))
 
 
 if __name__ == '__main__':

@@ -8,11 +8,11 @@ import transformers
 
 def make_model(vocab_size: int, hidden: int, heads: int, intermediate: int, layers: int,
                max_len: int = 512, num_labels: int = 2) -> torch.nn.Module:
-  config = transformers.BertConfig(
-      vocab_size=vocab_size, hidden_size=hidden, num_attention_heads=heads,
-      intermediate_size=intermediate, num_hidden_layers=layers, max_position_embeddings=max_len,
-      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=num_labels,
-      hidden_act='gelu')
+  config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=hidden,
+                                   num_attention_heads=heads, intermediate_size=intermediate,
+                                   num_hidden_layers=layers, max_position_embeddings=max_len,
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                   num_labels=num_labels, hidden_act='gelu')
   return transformers.BertForSequenceClassification(config)
 
 

@@ -116,14 +116,15 @@ class TorchGPT(nn.Module):
     return total
 
 
-def make_optimizer(model: nn.Module, lr: float = 3e-4, weight_decay: float = 0.1
-                   ) -> torch.optim.Optimizer:
-  """AdamW, decaying matrices only (as transformer_jax.training.optimizer does); multi-tensor on CPU too."""
+def make_optimizer(model: nn.Module, lr: float = 3e-4,
+                   weight_decay: float = 0.1) -> torch.optim.Optimizer:
+  """AdamW, decaying matrices only (as transformer_jax.training.optimizer does); multi-tensor
+  on CPU too."""
   decay = [p for p in model.parameters() if p.dim() >= 2]
   no_decay = [p for p in model.parameters() if p.dim() < 2]
-  return torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay},
-                            {'params': no_decay, 'weight_decay': 0.0}],
-                           lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+  return torch.optim.AdamW(
+      [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
+      lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,

@@ -42,12 +42,13 @@ class TorchTranslation(nn.Module):
     super().__init__()
     self.cfg = cfg
     self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-    nn.init.normal_(self.embed.weight, std=cfg.d_model ** -0.5)
+    nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
     self.register_buffer('positions', _sinusoids(cfg.max_len, cfg.d_model), persistent=False)
-    self.transformer = nn.Transformer(
-        d_model=cfg.d_model, nhead=cfg.n_head, num_encoder_layers=cfg.n_encoder_layers,
-        num_decoder_layers=cfg.n_decoder_layers, dim_feedforward=cfg.d_ff, dropout=cfg.dropout,
-        batch_first=True)
+    self.transformer = nn.Transformer(d_model=cfg.d_model, nhead=cfg.n_head,
+                                      num_encoder_layers=cfg.n_encoder_layers,
+                                      num_decoder_layers=cfg.n_decoder_layers,
+                                      dim_feedforward=cfg.d_ff, dropout=cfg.dropout,
+                                      batch_first=True)
 
   def _embed(self, tokens):
     x = self.embed(tokens) * math.sqrt(self.cfg.d_model)

@@ -41,12 +41,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()  # before jax (or torch) allocates anything
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib.util
 import json
 import resource
@@ -59,21 +58,27 @@ import numpy as np
 from absl import app, flags
 
 CONFIGS = {
-    'baby': dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
-                 vocab_size=65),
-    'mid': dict(kind='gpt', n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16,
-                vocab_size=65),
-    'multi30k': dict(kind='translation', n_layer=3, n_head=4, n_embd=256, mlp=1024,
-                     source_length=32, block_size=32, batch_size=128, vocab_size=8000),
-    'bert': dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128,
-                 batch_size=32, vocab_size=30522),
+    'baby':
+        dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
+             vocab_size=65),
+    'mid':
+        dict(kind='gpt', n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16,
+             vocab_size=65),
+    'multi30k':
+        dict(kind='translation', n_layer=3, n_head=4, n_embd=256, mlp=1024, source_length=32,
+             block_size=32, batch_size=128, vocab_size=8000),
+    'bert':
+        dict(kind='bert', n_layer=6, n_head=12, n_embd=384, mlp=1536, block_size=128, batch_size=32,
+             vocab_size=30522),
     # GPT-2 small (124M) for accelerators: `--configs=gpt2 --dtype=bfloat16 --notorch`.
-    'gpt2': dict(kind='gpt', n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=16,
-                 vocab_size=50304),
+    'gpt2':
+        dict(kind='gpt', n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=16,
+             vocab_size=50304),
 }
 # (warmup steps after the first, timed steps); a mid step is roughly 100x a baby one.
-DEFAULT_STEPS = {'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4),
-                 'gpt2': (3, 10)}
+DEFAULT_STEPS = {
+    'baby': (5, 40), 'mid': (3, 4), 'multi30k': (3, 4), 'bert': (3, 4), 'gpt2': (3, 10)
+}
 # Once, at a step that varies from run to run (seen from the 2nd to past the 7th), a JAX step
 # touches a fresh set of buffers: BERT ~375k minor faults (~1.5 GB) in that one step, none in
 # the steps after it (`perf record -e minor-faults` over time; 16 timed steps average 23.6k
@@ -83,22 +88,27 @@ FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
 MATMUL_N = {'cpu': 2048}  # accelerators: 8192 (a 2048^3 product is too small to fill a GPU)
 # Nominal dense bf16 FLOP/s per chip, for model FLOP utilisation (MFU) on accelerators.
 # The first key contained in `device_kind` wins (SXM figures for H100/H200).
-PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L4': 121e12,
-                   'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6': 918e12}
+PEAK_BF16_FLOPS = {
+    'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L4': 121e12, 'TPU v4': 275e12,
+    'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6': 918e12
+}
 
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds; each runs JAX then PyTorch per config.')
 _CONFIGS = flags.DEFINE_list('configs', ['baby', 'mid'], f'Configs to run, of {list(CONFIGS)}.')
-_STEPS = flags.DEFINE_list('steps', [], 'Per-config "name:warmup:timed" step counts, e.g. '
-                           f'mid:1:4 (defaults: {DEFAULT_STEPS}).')
+_STEPS = flags.DEFINE_list(
+    'steps', [], 'Per-config "name:warmup:timed" step counts, e.g. '
+    f'mid:1:4 (defaults: {DEFAULT_STEPS}).')
 _TORCH = flags.DEFINE_bool('torch', True, 'Also time the PyTorch baseline (if torch is installed).')
 _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads for PyTorch.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
-                           'JAX compute dtype (parameters stay float32); bfloat16 is for '
-                           'accelerators, and skips the (float32) PyTorch baseline.')
+_DTYPE = flags.DEFINE_enum(
+    'dtype', 'float32', ['float32', 'bfloat16'],
+    'JAX compute dtype (parameters stay float32); bfloat16 is for '
+    'accelerators, and skips the (float32) PyTorch baseline.')
 _BATCH = flags.DEFINE_integer('batch_size', 0, 'Rows per step instead of the config\'s (0).')
-_SCAN = flags.DEFINE_bool('scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
-                          'one layer instead of all: shorter time to the first step).')
+_SCAN = flags.DEFINE_bool(
+    'scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
+    'one layer instead of all: shorter time to the first step).')
 # Internal: a child process runs one variant ("jax-baby", "torch-mid", ...).
 _VARIANT = flags.DEFINE_string('variant', None, 'Internal: run one variant and print its JSON.')
 _WARMUP = flags.DEFINE_integer('warmup', None, 'Internal: warm-up steps for --variant.')
@@ -115,9 +125,8 @@ def model_flops_per_token(non_embedding_params: int, spec: dict) -> float:
     return 6.0 * layers * encoder_layer + 12.0 * layers * t * d
   s = spec['source_length']  # translation: per target token, source side scaled by s / t
   decoder_layer = encoder_layer + 4 * d * d
-  return (6.0 * (layers * encoder_layer * s / t + layers * decoder_layer
-                 + spec['vocab_size'] * d)
-          + 12.0 * layers * d * (s * s / t + t + s))
+  return (6.0 * (layers * encoder_layer * s / t + layers * decoder_layer + spec['vocab_size'] * d) +
+          12.0 * layers * d * (s * s / t + t + s))
 
 
 def _random_batches(spec: dict, count: int, seed: int) -> list[dict[str, np.ndarray]]:
@@ -140,13 +149,14 @@ def _random_batches(spec: dict, count: int, seed: int) -> list[dict[str, np.ndar
     if spec['kind'] == 'gpt':
       batches.append({'inputs': tokens(t), 'targets': tokens(t)})
     elif spec['kind'] == 'translation':
-      batches.append({'inputs': pad_rows(tokens(spec['source_length']), 8),
-                      'targets': pad_rows(tokens(t), 8)})
+      batches.append(
+          {'inputs': pad_rows(tokens(spec['source_length']), 8), 'targets': pad_rows(tokens(t), 8)})
     else:
       inputs = pad_rows(tokens(t), t // 2)
-      batches.append({'inputs': inputs, 'segments': np.zeros_like(inputs),
-                      'labels': rng.integers(0, 2, b, dtype=np.int32),
-                      'weights': np.ones(b, np.float32)})
+      batches.append({
+          'inputs': inputs, 'segments': np.zeros_like(inputs),
+          'labels': rng.integers(0, 2, b, dtype=np.int32), 'weights': np.ones(b, np.float32)
+      })
   return batches
 
 
@@ -173,12 +183,16 @@ def _timed_loop(step, state, batches, warmup: int, timed: int, sync):
     faults.append(after.ru_minflt - usage.ru_minflt)
     major_faults.append(after.ru_majflt - usage.ru_majflt)
   return state, {
-      'first_step_s': first_step_s, 'seconds_per_step': float(np.median(seconds)),
+      'first_step_s': first_step_s,
+      'seconds_per_step': float(np.median(seconds)),
       'mean_seconds_per_step': float(np.mean(seconds)),
-      'minflt_per_step': float(np.median(faults)), 'max_minflt_in_a_step': max(faults),
+      'minflt_per_step': float(np.median(faults)),
+      'max_minflt_in_a_step': max(faults),
       'majflt_per_step': float(np.median(major_faults)),
       'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # KiB
-      'loss_first': first_loss, 'loss_last': float(loss)}
+      'loss_first': first_loss,
+      'loss_last': float(loss)
+  }
 
 
 def _best_seconds(fn, repeats: int = 5) -> float:
@@ -214,9 +228,10 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
 
   task, loss_impl = _jax_task(spec)
   # The trainer's optimizer (clip 1.0 + AdamW on matrices), as torch_gpt.make_optimizer.
-  tx, _ = make_optimizer(ml_collections.ConfigDict(dict(
-      learning_rate=3e-4, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
-      weight_decay=0.1, grad_clip_norm=1.0)))
+  tx, _ = make_optimizer(
+      ml_collections.ConfigDict(
+          dict(learning_rate=3e-4, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
+               weight_decay=0.1, grad_clip_norm=1.0)))
 
   def create_state(rng):
     params = task.init_variables(rng)['params']
@@ -226,16 +241,16 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   state_shardings = sharding.tree_shardings(mesh, jax.eval_shape(create_state, jax.random.key(0)),
                                             rules)
   batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jax.jit(make_train_step(task.loss_fn, tx, seed),
-                       in_shardings=(state_shardings, batch_sharding),
+  train_step = jax.jit(make_train_step(task.loss_fn, tx,
+                                       seed), in_shardings=(state_shardings, batch_sharding),
                        out_shardings=(state_shardings, None), donate_argnums=(0,))
   with sharding.use_mesh(mesh, rules):
     state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
                     out_shardings=state_shardings)(jax.random.key(seed))
   embeddings = ('token_embed', 'position_embedding', 'target_embed', 'segment_embedding')
-  non_embedding = sum(
-      x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
-      if not any(getattr(k, 'key', None) in embeddings for k in path))
+  non_embedding = sum(x.size
+                      for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+                      if not any(getattr(k, 'key', None) in embeddings for k in path))
   batches = [jax.device_put(batch, batch_sharding) for batch in _random_batches(spec, 4, seed)]
   return JaxTraining(train_step, state, batches, mesh, rules, int(non_embedding), loss_impl)
 
@@ -262,11 +277,11 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
   peaks = [v for k, v in PEAK_BF16_FLOPS.items() if k in device_kind]
-  result.update(non_embedding_params=training.non_embedding_params,
-                loss_impl=training.loss_impl, matmul_n=n,
-                matmul_flops_per_s=2.0 * n ** 3 / seconds, device_kind=device_kind,
-                peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu'
-                else None, jax_version=jax.__version__, backend=jax.default_backend())
+  result.update(
+      non_embedding_params=training.non_embedding_params, loss_impl=training.loss_impl, matmul_n=n,
+      matmul_flops_per_s=2.0 * n**3 / seconds, device_kind=device_kind,
+      peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu' else None,
+      jax_version=jax.__version__, backend=jax.default_backend())
   return result
 
 
@@ -315,8 +330,8 @@ class _LocalLMTask:
     rngs = None if deterministic else {'dropout': rng}
     logits = self.model.apply({'params': params}, batch['inputs'], deterministic=deterministic,
                               rngs=rngs)
-    _, nll, correct, weight = cross_entropy_sums(
-        logits, batch['targets'], jnp.ones(batch['targets'].shape, jnp.float32))
+    _, nll, correct, weight = cross_entropy_sums(logits, batch['targets'],
+                                                 jnp.ones(batch['targets'].shape, jnp.float32))
     return nll / weight, {'loss': nll, 'correct': correct, 'weight': weight}
 
 
@@ -326,28 +341,33 @@ def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
 
   torch.set_num_threads(_TORCH_THREADS.value)
   torch.manual_seed(seed)
-  batches = [{k: torch.from_numpy(v).long() if v.dtype != np.float32 else torch.from_numpy(v)
-              for k, v in batch.items()} for batch in _random_batches(spec, 4, seed)]
+  batches = [{
+      k: torch.from_numpy(v).long() if v.dtype != np.float32 else torch.from_numpy(v)
+      for k, v in batch.items()
+  }
+             for batch in _random_batches(spec, 4, seed)]
   if spec['kind'] == 'gpt':
-    model = torch_gpt.TorchGPT(torch_gpt.TorchGPTConfig(
-        vocab_size=spec['vocab_size'], block_size=spec['block_size'], n_layer=spec['n_layer'],
-        n_head=spec['n_head'], n_embd=spec['n_embd'], dropout=0.0))
+    model = torch_gpt.TorchGPT(
+        torch_gpt.TorchGPTConfig(vocab_size=spec['vocab_size'], block_size=spec['block_size'],
+                                 n_layer=spec['n_layer'], n_head=spec['n_head'],
+                                 n_embd=spec['n_embd'], dropout=0.0))
     train_step = lambda b: torch_gpt.train_step(model, optimizer, b['inputs'], b['targets'])
     non_embedding = model.num_params(non_embedding=True)
   elif spec['kind'] == 'translation':
     from benchmarks import torch_translation
-    model = torch_translation.TorchTranslation(torch_translation.TorchTranslationConfig(
-        vocab_size=spec['vocab_size'], d_model=spec['n_embd'], n_head=spec['n_head'],
-        d_ff=spec['mlp'], n_encoder_layers=spec['n_layer'], n_decoder_layers=spec['n_layer']))
-    train_step = lambda b: torch_translation.train_step(model, optimizer, b['inputs'],
-                                                        b['targets'])
+    model = torch_translation.TorchTranslation(
+        torch_translation.TorchTranslationConfig(vocab_size=spec['vocab_size'],
+                                                 d_model=spec['n_embd'], n_head=spec['n_head'],
+                                                 d_ff=spec['mlp'], n_encoder_layers=spec['n_layer'],
+                                                 n_decoder_layers=spec['n_layer']))
+    train_step = lambda b: torch_translation.train_step(model, optimizer, b['inputs'], b['targets'])
     non_embedding = model.num_params() - model.embed.weight.numel()
   else:
     from benchmarks import torch_bert
-    model = torch_bert.make_model(spec['vocab_size'], spec['n_embd'], spec['n_head'],
-                                  spec['mlp'], spec['n_layer'])
-    train_step = lambda b: torch_bert.train_step(model, optimizer, b['inputs'], b['segments'],
-                                                 b['labels'])
+    model = torch_bert.make_model(spec['vocab_size'], spec['n_embd'], spec['n_head'], spec['mlp'],
+                                  spec['n_layer'])
+    train_step = lambda b: torch_bert.train_step(model, optimizer, b['inputs'], b['segments'], b[
+        'labels'])
     non_embedding = sum(p.numel() for n, p in model.named_parameters() if 'embeddings' not in n)
   model.train()
   optimizer = torch_gpt.make_optimizer(model)
@@ -360,8 +380,7 @@ def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   a, b = torch.randn(n, n), torch.randn(n, n)
   torch.mm(a, b)
   seconds = _best_seconds(lambda: torch.mm(a, b))
-  result.update(non_embedding_params=non_embedding,
-                torch_matmul_flops_per_s=2.0 * n ** 3 / seconds,
+  result.update(non_embedding_params=non_embedding, torch_matmul_flops_per_s=2.0 * n**3 / seconds,
                 torch_version=torch.__version__, torch_threads=torch.get_num_threads())
   return result
 
@@ -409,11 +428,13 @@ def _step_counts() -> dict[str, tuple[int, int]]:
 
 def _spawn(variant: str, warmup: int, timed: int) -> dict:
   """Runs one variant in a fresh interpreter (same allocator env) and parses its JSON."""
-  command = [sys.executable, os.path.abspath(__file__), f'--variant={variant}',
-             f'--warmup={warmup}', f'--timed_steps={timed}', f'--seed={_SEED.value}',
-             f'--torch_threads={_TORCH_THREADS.value}', f'--dtype={_DTYPE.value}',
-             f'--batch_size={_BATCH.value}',
-             f'--{"" if _SCAN.value else "no"}scan_layers']
+  command = [
+      sys.executable,
+      os.path.abspath(__file__), f'--variant={variant}', f'--warmup={warmup}',
+      f'--timed_steps={timed}', f'--seed={_SEED.value}', f'--torch_threads={_TORCH_THREADS.value}',
+      f'--dtype={_DTYPE.value}', f'--batch_size={_BATCH.value}',
+      f'--{"" if _SCAN.value else "no"}scan_layers'
+  ]
   proc = subprocess.run(command, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
     sys.stderr.write(proc.stderr[-4000:])
@@ -432,11 +453,13 @@ def _summarise(name: str, runs: dict[str, list[dict]]) -> dict:
   for framework, results in runs.items():
     if not results:
       continue
-    keys = [k for k, v in results[0].items() if isinstance(v, (int, float))
-            and not isinstance(v, bool)]
+    keys = [
+        k for k, v in results[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     summary[framework] = {k: _median([r.get(k) for r in results]) for k in keys}
     summary[framework]['rounds'] = [
-        {k: r[k] for k in ('tokens_per_s', 'ms_per_step', 'first_step_s')} for r in results]
+        {k: r[k] for k in ('tokens_per_s', 'ms_per_step', 'first_step_s')} for r in results
+    ]
   jax_runs, torch_runs = runs.get('jax', []), runs.get('torch', [])
   if jax_runs and torch_runs:
     ratios = [j['tokens_per_s'] / t['tokens_per_s'] for j, t in zip(jax_runs, torch_runs)]
@@ -444,8 +467,8 @@ def _summarise(name: str, runs: dict[str, list[dict]]) -> dict:
     summary['jax_over_torch_per_round'] = ratios
   if jax_runs:
     jax_summary = summary['jax']
-    jax_summary['model_flops_over_matmul'] = (jax_summary['model_flops_per_s']
-                                              / jax_summary['matmul_flops_per_s'])
+    jax_summary['model_flops_over_matmul'] = (jax_summary['model_flops_per_s'] /
+                                              jax_summary['matmul_flops_per_s'])
   summary['spec'] = _spec(name)
   return summary
 
@@ -485,8 +508,8 @@ def main(argv):
     raise app.UsageError(f'--configs must be among {list(CONFIGS)} (got {unknown}); '
                          '--rounds >= 1')
   counts = _step_counts()
-  with_torch = (_TORCH.value and _DTYPE.value == 'float32'
-                and importlib.util.find_spec('torch') is not None)
+  with_torch = (_TORCH.value and _DTYPE.value == 'float32' and
+                importlib.util.find_spec('torch') is not None)
   frameworks = ['jax'] + (['torch'] if with_torch else [])
   print(f'allocator: {process.allocator_description()}')
   print(f'PyTorch baseline: {"yes" if with_torch else "no (torch not installed or --notorch)"}; '
@@ -499,20 +522,22 @@ def main(argv):
       for framework in frameworks:  # A B in every round: drift hits both alike
         result = _spawn(f'{framework}-{name}', warmup, timed)
         runs[name][framework].append(result)
-        print(f'round {r + 1}/{_ROUNDS.value} {framework:5s} {name:5s}: '
-              f'{result["tokens_per_s"]:10,.0f} tok/s  {result["ms_per_step"]:9.1f} ms/step  '
-              f'(first step {result["first_step_s"]:.1f} s, {time.time() - start:.0f} s elapsed)',
-              flush=True)
+        print(
+            f'round {r + 1}/{_ROUNDS.value} {framework:5s} {name:5s}: '
+            f'{result["tokens_per_s"]:10,.0f} tok/s  {result["ms_per_step"]:9.1f} ms/step  '
+            f'(first step {result["first_step_s"]:.1f} s, {time.time() - start:.0f} s elapsed)',
+            flush=True)
   summaries = {name: _summarise(name, runs[name]) for name in _CONFIGS.value}
   print(f'medians over {_ROUNDS.value} round(s):')
   for name, s in summaries.items():
     _print_summary(name, s)
-  print(json.dumps({
-      'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
-      'allocator': process.allocator_description(), 'flops_formula': FLOPS_FORMULA,
-      'precision': _DTYPE.value, 'dropout': 0.0, 'torch_baseline': with_torch,
-      'scan_layers': _SCAN.value,
-      'wall_seconds': time.time() - start, 'configs': summaries}))
+  print(
+      json.dumps({
+          'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
+          'allocator': process.allocator_description(), 'flops_formula': FLOPS_FORMULA,
+          'precision': _DTYPE.value, 'dropout': 0.0, 'torch_baseline': with_torch,
+          'scan_layers': _SCAN.value, 'wall_seconds': time.time() - start, 'configs': summaries
+      }))
 
 
 if __name__ == '__main__':

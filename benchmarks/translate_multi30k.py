@@ -21,12 +21,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer_jax.cli import process  # pylint: disable=g-import-not-at-top
+from transformer_jax.cli import process
 
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import gzip
 import json
 import tempfile
@@ -44,8 +43,9 @@ _LC_TOK = flags.DEFINE_bool(
     'lowercase_tokenized', False, 'Train, validate and test on the official lowercased, '
     'normalised, Moses-tokenised files (train.lc.norm.tok.*, ...), as published Multi30k results '
     'do; the output is then scored as it is (bleu_lc_tok) and there is no cased sacreBLEU.')
-_ALPHAS = flags.DEFINE_list('alphas', [], 'Length penalties to choose from by validation BLEU '
-                            '(default: only eval.alpha); the test set is decoded with the best.')
+_ALPHAS = flags.DEFINE_list(
+    'alphas', [], 'Length penalties to choose from by validation BLEU '
+    '(default: only eval.alpha); the test set is decoded with the best.')
 
 
 def moses_lc_tok(lines: list[str], lang: str) -> list[str]:
@@ -75,9 +75,9 @@ def main(argv):
   config.data.dir = _DATA_DIR.value
   config.data.src_lang, config.data.tgt_lang = _SRC.value, _TGT.value
   config.train.max_minutes = _BUDGET.value
-  config.train.num_steps = 1_000_000      # the budget decides
-  config.train.eval_every = 0             # all the time goes to training; evaluate at the end
-  config.eval.test_prefix = ''            # scored below, with both metrics
+  config.train.num_steps = 1_000_000  # the budget decides
+  config.train.eval_every = 0  # all the time goes to training; evaluate at the end
+  config.eval.test_prefix = ''  # scored below, with both metrics
   if _LC_TOK.value:
     config.data.train_prefix, config.data.valid_prefix = 'train.lc.norm.tok', 'val.lc.norm.tok'
   for assignment in _OVERRIDES.value:
@@ -119,8 +119,7 @@ def main(argv):
     sources, references = translate.load_split(config, prefix)
     hypotheses = task.translate(params, sources, trainer.mesh, alpha=config.eval.alpha)
     cased = sacrebleu.corpus_bleu(hypotheses, [references])
-    tok_ref_path = os.path.join(config.data.dir,
-                                f'{prefix}.lc.norm.tok.{config.data.tgt_lang}.gz')
+    tok_ref_path = os.path.join(config.data.dir, f'{prefix}.lc.norm.tok.{config.data.tgt_lang}.gz')
     with gzip.open(tok_ref_path, 'rt', encoding='utf-8') as f:
       tok_refs = [line.rstrip('\n') for line in f]
     lc_tok = sacrebleu.corpus_bleu(moses_lc_tok(hypotheses, config.data.tgt_lang), [tok_refs],
@@ -129,18 +128,24 @@ def main(argv):
   for i in range(3):
     logging.info('SRC: %s\nREF: %s\nOUT: %s', sources[i], references[i], hypotheses[i])
   out = {
-      'benchmark': 'translate_multi30k', 'direction': f'{_SRC.value}-{_TGT.value}',
+      'benchmark': 'translate_multi30k',
+      'direction': f'{_SRC.value}-{_TGT.value}',
       'sacrebleu': None if cased is None else round(cased.score, 2),
-      'bleu_lc_tok': round(lc_tok.score, 2), 'lowercase_tokenized_data': _LC_TOK.value,
+      'bleu_lc_tok': round(lc_tok.score, 2),
+      'lowercase_tokenized_data': _LC_TOK.value,
       'valid_bleu_last': round(results.get('valid_bleu_last', results.get('eval_bleu', 0.0)), 2),
       'valid_bleu_averaged': round(results.get('valid_bleu_averaged', 0.0), 2),
       'averaged_checkpoints': bool(results.get('averaged')),
-      'beam_size': config.eval.beam_size, 'alpha': config.eval.alpha,
+      'beam_size': config.eval.beam_size,
+      'alpha': config.eval.alpha,
       'valid_bleu_by_alpha': {str(a): round(b, 2) for a, b in valid_by_alpha.items()},
       'train_tokens_per_s': round(results['tokens_per_s']),
-      'params': trainer.num_params(), 'steps': results['step'],
-      'minutes': round(train_minutes, 2), 'total_minutes': round((time.time() - start) / 60, 2),
-      'allocator': process.allocator_description().split(' ')[0], 'workdir': workdir,
+      'params': trainer.num_params(),
+      'steps': results['step'],
+      'minutes': round(train_minutes, 2),
+      'total_minutes': round((time.time() - start) / 60, 2),
+      'allocator': process.allocator_description().split(' ')[0],
+      'workdir': workdir,
   }
   trainer.close()
   print(json.dumps(out))

@@ -18,7 +18,6 @@ from transformer_jax.cli import process
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -41,8 +40,8 @@ def main(argv):
     raise ConfigError('--config is required, e.g. --config=experiments/configs/sst2_minilm.py')
   workdir = prepare_workdir(_WORKDIR.value)
   results = bert.run(_CONFIG.value, workdir, _MODE.value or '')
-  logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
-                            for k, v in results.items()})
+  logging.info('done: %s',
+               {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()})
 
 
 if __name__ == '__main__':

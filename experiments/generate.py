@@ -12,7 +12,6 @@ from transformer_jax.cli import process
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 import sys
 
@@ -52,8 +51,8 @@ def main(argv):
   config = load_saved_config(workdir)
   task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
   prompt = lm_data.prompt_ids(tokenizer, _PROMPT.value)
-  tokens = task.generate(params, np.asarray([prompt] * _NUM_SAMPLES.value, np.int32),
-                         _MAX_NEW.value, jax.random.key(_SEED.value),
+  tokens = task.generate(params, np.asarray([prompt] * _NUM_SAMPLES.value,
+                                            np.int32), _MAX_NEW.value, jax.random.key(_SEED.value),
                          temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
   trainer.close()
   for i, row in enumerate(tokens):

@@ -15,7 +15,6 @@ from transformer_jax.cli import process
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -37,8 +36,8 @@ def main(argv):
     raise ConfigError('--config is required, e.g. --config=experiments/configs/shakespeare_char.py')
   workdir = prepare_workdir(_WORKDIR.value)
   results = lm.train_and_evaluate(_CONFIG.value, workdir)
-  logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
-                            for k, v in results.items()})
+  logging.info('done: %s',
+               {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()})
 
 
 if __name__ == '__main__':

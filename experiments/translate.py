@@ -22,7 +22,6 @@ from transformer_jax.cli import process
 if __name__ == '__main__':
   process.setup_allocator()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 
 from absl import app, flags, logging
@@ -68,12 +67,13 @@ def main(argv):
     config = load_saved_config(workdir)
   if _MODE.value == 'train':
     results = translation.train_and_evaluate(config, workdir)
-    logging.info('done: %s', {k: round(v, 4) if isinstance(v, float) else v
-                              for k, v in results.items()})
+    logging.info('done: %s',
+                 {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()})
   elif _MODE.value == 'evaluate':
     if not config.eval.test_prefix:
-      raise ConfigError('--mode=evaluate needs --config=CONFIG --config.eval.test_prefix=PREFIX (e.g. '
-                        'test_2016_flickr)')
+      raise ConfigError(
+          '--mode=evaluate needs --config=CONFIG --config.eval.test_prefix=PREFIX (e.g. '
+          'test_2016_flickr)')
     task, trainer, params = translation.restore_for_inference(config, workdir)
     translation.evaluate_test_set(config, workdir, task, trainer, params)
   else:

@@ -15,7 +15,6 @@ r"""Pictures of a trained model: attention heat maps, position encodings, traini
 Open OUT/index.html in a browser. Weights are the model's own (sown by its attention layers).
 """
 
-# pylint: disable=g-import-not-at-top
 import os
 import sys
 
@@ -25,18 +24,21 @@ from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.errors import ConfigError
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A workdir trained by experiments.translate, '
-                               'experiments.lm or experiments.bert.')
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'A workdir trained by experiments.translate, '
+    'experiments.lm or experiments.bert.')
 _TEXT = flags.DEFINE_string('text', None, 'Source sentence (translation) or text (GPT, BERT).')
-_TARGET = flags.DEFINE_string('target', None, 'Translation only: the target sentence to '
-                              'teacher-force; default: the model\'s own translation.')
+_TARGET = flags.DEFINE_string(
+    'target', None, 'Translation only: the target sentence to '
+    'teacher-force; default: the model\'s own translation.')
 _OUT = flags.DEFINE_string('out', None, 'Output directory; default WORKDIR/pictures.')
 _POSITIONS = flags.DEFINE_bool('positions', False, 'Draw the sinusoidal position encoding.')
 _LENGTH = flags.DEFINE_integer('length', 100, '--positions: number of positions.')
 _WIDTH = flags.DEFINE_integer('width', 128, '--positions: encoding width (even).')
 _CURVES = flags.DEFINE_bool('curves', False, 'Plot WORKDIR/metrics.jsonl.')
-_TITLE = flags.DEFINE_string('title', None, 'Title of the curves and the index page; default: '
-                             'the workdir\'s name.')
+_TITLE = flags.DEFINE_string(
+    'title', None, 'Title of the curves and the index page; default: '
+    'the workdir\'s name.')
 
 
 def workdir_kind(config) -> str:
@@ -63,8 +65,7 @@ def bert_attention(config, workdir: str, text: str):
     from transformer_jax.tasks.bert import BertClassificationTask
     from transformer_jax.training.trainer import Trainer
     cfg, _, tokenizer, type_vocab_size = bert.load_init(config)
-    task = BertClassificationTask(cfg, int(config.data.num_labels),
-                                  type_vocab_size=type_vocab_size)
+    task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
     trainer = Trainer(config, task, workdir)
     params = trainer.restore_params()
     trainer.close()
@@ -98,8 +99,8 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
     from transformer_jax.workflows import lm
     task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
     trainer.close()
-    return (visualize.lm_attention(task.model, params, tokenizer, text), 'GPT self-attention',
-            f'text: {text}')
+    return (visualize.lm_attention(task.model, params, tokenizer,
+                                   text), 'GPT self-attention', f'text: {text}')
   return bert_attention(config, workdir, text)
 
 
@@ -146,8 +147,8 @@ def main(argv):
     path = os.path.join(workdir, 'metrics.jsonl')
     if not os.path.exists(path):
       raise ConfigError(f'{path} does not exist: train a model in {workdir} first')
-    figure = visualize.plot_curves(visualize.read_metrics(path),
-                                   _TITLE.value or os.path.basename(workdir))
+    figure = visualize.plot_curves(visualize.read_metrics(path), _TITLE.value or
+                                   os.path.basename(workdir))
     visualize.save_png(figure, os.path.join(out, 'curves.png'))
     extra.append(('training curves', 'curves.png'))
   maps, title, description = [], 'Pictures', ''

@@ -16,12 +16,14 @@ if REPO_ROOT not in sys.path:  # the tests import `experiments.configs` and `tra
 # and XLA:CPU's older (non-MLIR) fusion emitters take another ~30% off compilation (a tiny
 # translation model trained on 1 and 8 devices: 15 -> 10 s of compiling). Set before jax is
 # imported; CLI subprocesses inherit them. Benchmarks and real runs keep XLA's defaults.
-os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
-    os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0',
-    '--xla_cpu_use_fusion_emitters=false']))
+os.environ['XLA_FLAGS'] = ' '.join(
+    filter(None, [
+        os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0',
+        '--xla_cpu_use_fusion_emitters=false'
+    ]))
 
 
-def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
+def pytest_xdist_auto_num_workers(config):
   """Workers for `-n auto` (setup.cfg's default): one per core, at most 4.
 
   Most of the suite's time is single-threaded XLA compilation, so two workers on two cores run
@@ -111,7 +113,7 @@ def tiny_translate_config(**overrides):
 
   Keyword names use '__' for '.', e.g. train__num_steps=10.
   """
-  from experiments.configs import translate_quickstart  # pylint: disable=g-import-not-at-top
+  from experiments.configs import translate_quickstart
   config = translate_quickstart.get_config()
   for key, value in TINY_OVERRIDES.items():
     set_path(config, key, value)
@@ -162,7 +164,6 @@ class TranslateCli:
     return [line for line in stderr.splitlines() if line.startswith('error:')]
 
 
-
 @pytest.fixture(scope='session', autouse=True)
 def compilation_cache(tmp_path_factory):
   """A persistent XLA compilation cache shared by this test run and its CLI subprocesses.
@@ -170,11 +171,12 @@ def compilation_cache(tmp_path_factory):
   Several tests train the same tiny model in fresh Trainers or processes; with the cache,
   each distinct program is compiled once per test run (the directory is new every run).
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   directory = str(tmp_path_factory.mktemp('jax_compilation_cache'))
-  options = {'jax_compilation_cache_dir': directory,
-             'jax_persistent_cache_min_compile_time_secs': 0.0,
-             'jax_persistent_cache_min_entry_size_bytes': 0}
+  options = {
+      'jax_compilation_cache_dir': directory, 'jax_persistent_cache_min_compile_time_secs': 0.0,
+      'jax_persistent_cache_min_entry_size_bytes': 0
+  }
   previous = {name: getattr(jax.config, name) for name in options}
   for name, value in options.items():
     jax.config.update(name, value)

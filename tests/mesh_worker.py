@@ -15,7 +15,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 import ml_collections
 import numpy as np
@@ -35,8 +34,8 @@ def make_task(family: str, model_overrides: dict):
   if family == 'translation':
     from transformer_jax.model_config import TransformerConfig
     from transformer_jax.tasks.translation import TranslationTask
-    cfg = TransformerConfig(**dict(TINY, num_encoder_layers=1, num_decoder_layers=1,
-                                   **model_overrides))
+    cfg = TransformerConfig(
+        **dict(TINY, num_encoder_layers=1, num_decoder_layers=1, **model_overrides))
     task = TranslationTask(cfg, label_smoothing=0.1)
 
     def batch(step):  # right-padded rows of varying length, as the bucketed batcher makes
@@ -47,6 +46,7 @@ def make_task(family: str, model_overrides: dict):
         inputs[row, r.randint(4, 13):] = 0
         targets[row, r.randint(3, 11):] = 0
       return {'inputs': inputs, 'targets': targets}
+
     return task, batch
   if family == 'lm':
     from transformer_jax.models.gpt import gpt2_config
@@ -59,6 +59,7 @@ def make_task(family: str, model_overrides: dict):
       starts = np.random.RandomState(step).randint(0, len(stream) - 17, ROWS)
       windows = np.stack([stream[s:s + 17] for s in starts])
       return {'inputs': windows[:, :-1], 'targets': windows[:, 1:]}
+
     return task, batch
   if family == 'bert':
     from transformer_jax.models.bert import bert_config
@@ -82,9 +83,12 @@ def make_task(family: str, model_overrides: dict):
       ids = np.take_along_axis(inputs, positions, axis=1) * (weights > 0)
       masked = inputs.copy()
       np.put_along_axis(masked, positions, np.where(weights > 0, 4, inputs[:, :1]), axis=1)
-      return {'inputs': masked, 'segments': segments, 'mlm_positions': positions,
-              'mlm_ids': ids.astype(np.int32), 'mlm_weights': weights,
-              'sentence_labels': r.randint(0, 2, ROWS).astype(np.int32)}
+      return {
+          'inputs': masked, 'segments': segments, 'mlm_positions': positions,
+          'mlm_ids': ids.astype(np.int32), 'mlm_weights': weights,
+          'sentence_labels': r.randint(0, 2, ROWS).astype(np.int32)
+      }
+
     return task, batch
   raise ValueError(family)
 
@@ -139,15 +143,17 @@ def run(family: str, spec: dict, steps: int, workdir: str) -> dict:
   shapes = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    shapes[name] = {'global': list(leaf.shape),
-                    'shard': list(leaf.addressable_shards[0].data.shape)}
+    shapes[name] = {
+        'global': list(leaf.shape), 'shard': list(leaf.addressable_shards[0].data.shape)
+    }
   trainer.close()
-  return {'name': spec['name'], 'mesh': dict(mesh.shape), 'devices': len(devices),
-          'loss': [r['train/loss'] for r in records],
-          'grad_norm': [r['train/grad_norm'] for r in records],
-          'param_bytes': max(params_bytes.values()), 'opt_bytes': max(opt_bytes.values()),
-          'total_param_bytes': sum(x.nbytes for x in jax.tree.leaves(state.params)),
-          'shapes': shapes}
+  return {
+      'name': spec['name'], 'mesh': dict(mesh.shape), 'devices': len(devices),
+      'loss': [r['train/loss'] for r in records],
+      'grad_norm': [r['train/grad_norm'] for r in records],
+      'param_bytes': max(params_bytes.values()), 'opt_bytes': max(opt_bytes.values()),
+      'total_param_bytes': sum(x.nbytes for x in jax.tree.leaves(state.params)), 'shapes': shapes
+  }
 
 
 def main():

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.layers.attention: the formula, masks, grouped-query heads and the KV cache.
+"""Tests for transformer_jax.layers.attention and the kernels under it: the formula, masks,
+grouped-query heads and the KV cache.
 
 The reference for every numerical check is `numpy_attention`, softmax(q k^T / sqrt(D) + bias) v
 written out in float64 numpy, with masked keys removed before the softmax and fully masked
@@ -34,8 +35,7 @@ CFG = TransformerConfig(vocab_size=11, emb_dim=EMB, num_heads=H, mlp_dim=32, max
 
 def random_qkv(seed, t=T, s=S, heads=H, kv_heads=H, d=D):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, t, heads, d)),
-          jax.random.normal(kk, (B, s, kv_heads, d)),
+  return (jax.random.normal(kq, (B, t, heads, d)), jax.random.normal(kk, (B, s, kv_heads, d)),
           jax.random.normal(kv, (B, s, kv_heads, d)))
 
 
@@ -76,7 +76,7 @@ def make_mask(kind, t=T, s=S):
     return kernels.make_padding_mask(q_valid, k_valid)
   if kind == 'causal+padding':
     return kernels.combine_masks(kernels.make_causal_mask(t, s),
-                                   kernels.make_padding_mask(q_valid, k_valid))
+                                 kernels.make_padding_mask(q_valid, k_valid))
   raise ValueError(kind)
 
 
@@ -153,8 +153,8 @@ def test_fully_masked_query_rows_output_zero_in_both_implementations():
   q, k, v = random_qkv(5)
   mask = make_mask('padding')  # Row 1's last two queries are padding and see nothing.
   for implementation in ('reference', 'xla'):
-    out = np.asarray(kernels.dot_product_attention(q, k, v, mask=mask,
-                                                     implementation=implementation))
+    out = np.asarray(
+        kernels.dot_product_attention(q, k, v, mask=mask, implementation=implementation))
     np.testing.assert_array_equal(out[1, -2:], 0.0)
     assert np.all(np.abs(out[0]).sum(axis=-1) > 0)
 
@@ -217,9 +217,9 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(implementatio
   gqa = kernels.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   groups = H // kv_heads
   # Query head h uses key/value head h // groups.
-  mha = kernels.dot_product_attention(q, jnp.repeat(k, groups, axis=2),
-                                        jnp.repeat(v, groups, axis=2), mask=mask,
-                                        implementation=implementation)
+  mha = kernels.dot_product_attention(q, jnp.repeat(k, groups,
+                                                    axis=2), jnp.repeat(v, groups, axis=2),
+                                      mask=mask, implementation=implementation)
   np.testing.assert_allclose(gqa, mha, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gqa, numpy_attention(q, k, v, mask)[0], rtol=1e-5, atol=1e-5)
 
@@ -227,15 +227,15 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(implementatio
 def test_attention_dropout_only_when_not_deterministic():
   q, k, v = random_qkv(11)
   base, _ = kernels.reference_attention(q, k, v)
-  same, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
-                                          dropout_rate=0.5, deterministic=True)
+  same, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+                                        deterministic=True)
   np.testing.assert_array_equal(same, base)
-  dropped, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0),
-                                             dropout_rate=0.5, deterministic=False)
+  dropped, _ = kernels.reference_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+                                           deterministic=False)
   assert np.max(np.abs(dropped - base)) > 1e-2
   with pytest.raises(ValueError, match='dropout'):
     kernels.dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
-                                    deterministic=False, implementation='xla')
+                                  deterministic=False, implementation='xla')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,8 +341,8 @@ def test_mha_sows_attention_weights_when_intermediates_are_mutable():
   _, expected = numpy_attention(*project_qkv(params, x, context), mask)
   np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)
   # Sowing does not change the output.
-  np.testing.assert_allclose(out, mha.apply({'params': params}, x, context, mask=mask),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(out, mha.apply({'params': params}, x, context, mask=mask), rtol=1e-6,
+                             atol=1e-6)
   # Not mutable: nothing is sown.
   _, state = mha.apply({'params': params}, x, context, mask=mask, mutable=['cache'])
   assert 'intermediates' not in state
@@ -386,15 +386,13 @@ def test_incremental_decoding_with_cache_matches_full_causal_pass(changes):
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables['cache'])
   assert cache['cached_value'].shape == (B, cfg.num_kv_heads, length, cfg.head_dim)
 
-  full = MultiHeadAttention(cfg).apply({'params': params}, x,
-                                       mask=kernels.make_causal_mask(length))
+  full = MultiHeadAttention(cfg).apply({'params': params}, x, mask=kernels.make_causal_mask(length))
   for t in range(length):
     out, state = decoder.apply({'params': params, 'cache': cache}, x[:, t:t + 1],
                                positions=jnp.array([t]), mutable=['cache'])
     cache = state['cache']
     assert out.shape == (B, 1, EMB)
-    np.testing.assert_allclose(out[:, 0], full[:, t], rtol=1e-5, atol=1e-5,
-                               err_msg=f'step {t}')
+    np.testing.assert_allclose(out[:, 0], full[:, t], rtol=1e-5, atol=1e-5, err_msg=f'step {t}')
   # Every slot of the cache has been written.
   assert np.all(np.abs(np.asarray(cache['cached_value'])).sum(axis=(1, 3)) > 0)
 
@@ -422,7 +420,7 @@ def test_decode_step_attention_matches_the_formula_with_mask_and_bias(kv_heads):
   (a masked key's value, changed to anything, changes nothing)."""
   q, k, v = random_qkv(3, t=1, s=S, kv_heads=kv_heads)
   key_valid = jnp.array([[True] * S, [True] * (S - 2) + [False] * 2])
-  mask = key_valid[:, None, None, :]                                   # [B, 1, 1, S]
+  mask = key_valid[:, None, None, :]  # [B, 1, 1, S]
   bias = jax.random.normal(jax.random.key(4), (1, H, 1, S))
   keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
   out = kernels.decode_step_attention(q, keys, values, mask=mask, bias=bias)

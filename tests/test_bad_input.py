@@ -29,8 +29,8 @@ from transformer_jax.training.trainer import TrainState
 
 def cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, '-m', module, *args], cwd=resume.REPO_ROOT,
-                        env=resume.environment(env), capture_output=True, text=True,
-                        timeout=600, check=False)
+                        env=resume.environment(env), capture_output=True, text=True, timeout=600,
+                        check=False)
 
 
 def one_error_line(result: subprocess.CompletedProcess, *expected: str) -> str:
@@ -71,6 +71,7 @@ def tiny_lm(workdir: str, **overrides) -> list[str]:
 
 # -- config files and flags ----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_config_flag_errors_are_one_line(tmp_path):
   """A value of the wrong type, a config file without get_config() and one that is not valid
@@ -107,30 +108,32 @@ def test_attention_kernel_for_another_backend_fails_before_anything_is_written(t
 
 def test_workdir_trained_with_another_backends_kernel_is_served_with_auto(tmp_path):
   """A workdir trained on a TPU with Pallas still translates/generates on this CPU."""
-  import json  # pylint: disable=g-import-not-at-top
+  import json
   for implementation, expected in [('pallas', 'auto'), ('cudnn', 'auto'),
                                    ('reference', 'reference')]:
-    (tmp_path / 'config.json').write_text(json.dumps(
-        {'model': {'emb_dim': 32, 'attention_implementation': implementation}}))
+    (tmp_path / 'config.json').write_text(
+        json.dumps({'model': {'emb_dim': 32, 'attention_implementation': implementation}}))
     config = load_saved_config(str(tmp_path))
     assert config.model.attention_implementation == expected
     assert config.model.emb_dim == 32
 
 
-@pytest.mark.parametrize('config_file', ['translate_quickstart', 'shakespeare_char',
-                                         'bert_pretrain_small', 'sst2_minilm'])
+@pytest.mark.parametrize(
+    'config_file',
+    ['translate_quickstart', 'shakespeare_char', 'bert_pretrain_small', 'sst2_minilm'])
 def test_every_experiment_config_names_its_attention_implementation(config_file):
-  import importlib  # pylint: disable=g-import-not-at-top
-  from transformer_jax.model_config import model_config_from_dict  # pylint: disable=g-import-not-at-top
+  import importlib
+  from transformer_jax.model_config import model_config_from_dict
   config = importlib.import_module(f'experiments.configs.{config_file}').get_config()
   assert config.model.attention_implementation == 'auto'
   config.model.attention_implementation = 'reference'  # what --config.model.... sets
   if 'emb_dim' in config.model:  # fine-tuning configs only override the pretrained model's
-    assert model_config_from_dict(config.model, vocab_size=64).attention_implementation == (
-        'reference')
+    assert model_config_from_dict(config.model,
+                                  vocab_size=64).attention_implementation == ('reference')
 
 
 # -- mesh and batch ------------------------------------------------------------------------------
+
 
 def test_mesh_not_matching_the_devices_fails_before_the_tokenizer_is_written(tmp_path):
   """mesh.data=2 on one CPU device: one line, and no spm.model or config.json is left."""
@@ -151,6 +154,7 @@ def test_batch_not_divisible_by_the_data_axes_on_eight_devices(tmp_path):
 
 
 # -- data ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_language_model_data_errors_are_one_line(tmp_path):
@@ -174,13 +178,15 @@ def test_missing_parallel_file_names_what_was_looked_for(tmp_path):
   data.mkdir()
   (data / 'train.en').write_text('one\ntwo\n')
   workdir = str(tmp_path / 'work')
-  one_error_line(cli('experiments.translate', *tiny_translate(
-      workdir, **{'data.source': 'files', 'data.dir': str(data)})),
-                 "no 'de' file for split 'train'", str(data / 'train.de'))
+  one_error_line(
+      cli('experiments.translate',
+          *tiny_translate(workdir, **{'data.source': 'files', 'data.dir': str(data)})),
+      "no 'de' file for split 'train'", str(data / 'train.de'))
   assert_untouched(workdir)
 
 
 # -- checkpoints and tokenizers of a trained workdir ---------------------------------------------
+
 
 @pytest.mark.slow
 def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path):
@@ -203,7 +209,7 @@ def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path):
 
 def test_translation_tokenizer_missing_from_workdir(tmp_path, tiny_config):
   """Inference modes never train a tokenizer: a workdir without spm.model is a ConfigError."""
-  from transformer_jax.workflows import translation  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import translation
   with pytest.raises(ConfigError, match=r'no tokenizer model \(spm\*\.model\) in .*train first'):
     translation.load_tokenizers(tiny_config(), str(tmp_path))
   assert os.listdir(tmp_path) == []
@@ -211,8 +217,8 @@ def test_translation_tokenizer_missing_from_workdir(tmp_path, tiny_config):
 
 def make_state(emb: int) -> TrainState:
   params = {'embed': jnp.ones((10, emb)), 'layer': {'kernel': jnp.ones((emb, 3))}}
-  return TrainState(step=jnp.asarray(5, jnp.int32), params=params,
-                    opt_state=(jnp.zeros((), jnp.int32),))
+  return TrainState(step=jnp.asarray(5, jnp.int32), params=params, opt_state=(jnp.zeros(
+      (), jnp.int32),))
 
 
 def test_checkpoint_shape_mismatch_names_the_parameter_not_corruption(tmp_path):
@@ -223,8 +229,9 @@ def test_checkpoint_shape_mismatch_names_the_parameter_not_corruption(tmp_path):
     checkpointer.maybe_save(5, make_state(4), {'position': 5})
     checkpointer.wait()
     other = checkpointing.abstract_like(make_state(6))
-    with pytest.raises(ConfigError, match=r'params\.embed has shape \(10, 4\) in the checkpoint '
-                                          r'but \(10, 6\) in the config \(and 1 more\)'):
+    with pytest.raises(
+        ConfigError, match=r'params\.embed has shape \(10, 4\) in the checkpoint '
+        r'but \(10, 6\) in the config \(and 1 more\)'):
       checkpointer.check_fits(other)
     with pytest.raises(ConfigError, match='does not fit the model'):
       checkpointer.restore(other)
@@ -240,10 +247,13 @@ def test_checkpoint_shape_mismatch_names_the_parameter_not_corruption(tmp_path):
 
 # -- full or non-writable workdir ----------------------------------------------------------------
 
+
 def test_full_disk_when_probing_the_workdir(tmp_path, monkeypatch):
   """prepare_workdir writes a probe file; ENOSPC there is a ConfigError saying so."""
+
   def no_space(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
   monkeypatch.setattr(tempfile, 'NamedTemporaryFile', no_space)
   with pytest.raises(ConfigError, match='is not writable .No space left on device.'):
     prepare_workdir(str(tmp_path / 'work'))
@@ -261,9 +271,11 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
 
     def exhausted(*args, **kwargs):
       raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "x": Failed to write')
+
     monkeypatch.setattr(checkpointer.manager, 'save', exhausted)
-    with pytest.raises(DataError, match=r'cannot write a checkpoint in .*ckpt \(RESOURCE_EXHAUSTED'
-                                        r'\); free space .*last good checkpoint: step 1\)'):
+    with pytest.raises(
+        DataError, match=r'cannot write a checkpoint in .*ckpt \(RESOURCE_EXHAUSTED'
+        r'\); free space .*last good checkpoint: step 1\)'):
       checkpointer.maybe_save(2, make_state(4), {'position': 2})
     monkeypatch.setattr(checkpointer.manager, 'save', lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):  # anything else is a bug and keeps its traceback
@@ -272,7 +284,7 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
     monkeypatch.undo()
     checkpointer.close()
 
-  def main(argv):  # pylint: disable=unused-argument
+  def main(argv):
     try:
       raise DataError('cannot write a checkpoint in X (No space left on device)')
     finally:
@@ -280,6 +292,7 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
 
   def exit_now(status):
     raise SystemExit(status)
+
   monkeypatch.setattr(os, '_exit', exit_now)
   with pytest.raises(SystemExit) as exited:
     entrypoint.run(main)
@@ -287,8 +300,9 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
   assert capsys.readouterr().err.splitlines()[-1] == (
       'error: cannot write a checkpoint in X (No space left on device)')
 
-  def main_plain(argv):  # pylint: disable=unused-argument
+  def main_plain(argv):
     raise OSError(errno.ENOSPC, 'No space left on device', 'metrics.jsonl')
+
   with pytest.raises(SystemExit):
     entrypoint.run(main_plain)
   assert capsys.readouterr().err.splitlines()[-1] == (
@@ -297,6 +311,7 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, monkeypatch, 
 
 
 # -- security ------------------------------------------------------------------------------------
+
 
 def test_no_code_path_unpickles_files():
   """Checkpoints are orbax (TensorStore + JSON), tokenizers protobuf/JSON, imported weights
@@ -312,8 +327,8 @@ def test_no_code_path_unpickles_files():
         with open(path, encoding='utf-8') as f:
           for number, line in enumerate(f, 1):
             code = line.split('#')[0]
-            if ('import pickle' in code or 'cPickle' in code or 'allow_pickle=True' in code
-                or 'dill' in code.split() or
+            if ('import pickle' in code or 'cPickle' in code or 'allow_pickle=True' in code or
+                'dill' in code.split() or
                 ('torch.load(' in code and 'weights_only=True' not in code)):
               offenders.append(f'{path}:{number}: {line.strip()}')
   assert not offenders, offenders

@@ -152,8 +152,10 @@ def test_rows_rounding_and_max_rows():
   src, tgt = make_examples(200)
   batcher = batching.BucketedBatcher(src, tgt, batch_tokens=1000, buckets=BUCKETS, seed=0,
                                      multiple_of=8, max_rows=60)
-  rows = {b['inputs'].shape[1]: b['inputs'].shape[0]
-          for b in take(batcher, batcher.num_batches_per_epoch)}
+  rows = {
+      b['inputs'].shape[1]: b['inputs'].shape[0]
+      for b in take(batcher, batcher.num_batches_per_epoch)
+  }
   # 1000 // L rounded down to a multiple of 8, at least 8, at most 60 -> 56.
   assert rows == {8: 56, 16: 56, 32: 24, 64: 8}
 
@@ -238,8 +240,10 @@ def test_processes_get_contiguous_slices_of_the_global_batch():
   src, tgt = make_examples(200)
   kwargs = dict(batch_tokens=256, buckets=BUCKETS, seed=3, multiple_of=2)
   whole = take(batching.BucketedBatcher(src, tgt, **kwargs), 30)
-  parts = [take(batching.BucketedBatcher(src, tgt, process_index=p, process_count=2, **kwargs),
-                30) for p in range(2)]
+  parts = [
+      take(batching.BucketedBatcher(src, tgt, process_index=p, process_count=2, **kwargs), 30)
+      for p in range(2)
+  ]
   for full, first, second in zip(whole, *parts):
     assert first['inputs'].shape[0] == full['inputs'].shape[0] // 2
     for key in full:
@@ -250,13 +254,12 @@ def test_config_errors():
   src, tgt = make_examples(50)
   with pytest.raises(ConfigError, match='processes'):
     # Rows are 32, 16, 8 and 4 for the four buckets: none splits over 3 processes.
-    batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=BUCKETS, seed=0,
-                             process_count=3)
+    batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=BUCKETS, seed=0, process_count=3)
   with pytest.raises(ConfigError, match='buckets'):
     batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=[16, 8, 64], seed=0)
   with pytest.raises(ConfigError, match='max_rows'):
-    batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=BUCKETS, seed=0,
-                             multiple_of=8, max_rows=4)
+    batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=BUCKETS, seed=0, multiple_of=8,
+                             max_rows=4)
   with pytest.raises(DataError, match='largest bucket is 32'):
     batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=[8, 16, 32], seed=0)
   with pytest.raises(DataError, match='no examples'):

@@ -21,11 +21,13 @@ def _init(model, tokens, **kwargs):
   return model.init(jax.random.key(0), tokens, jnp.zeros_like(tokens), **kwargs)
 
 
-@pytest.mark.parametrize('heads,expected', [
-    (dict(), {'mlm_transform', 'mlm_norm', 'mlm_bias', 'sentence_head'}),             # BERT
-    (dict(sentence_classes=0), {'mlm_transform', 'mlm_norm', 'mlm_bias'}),            # RoBERTa
-    (dict(mlm=False, sentence_classes=0, num_labels=3), {'classifier'}),              # fine-tune
-])
+@pytest.mark.parametrize(
+    'heads,expected',
+    [
+        (dict(), {'mlm_transform', 'mlm_norm', 'mlm_bias', 'sentence_head'}),  # BERT
+        (dict(sentence_classes=0), {'mlm_transform', 'mlm_norm', 'mlm_bias'}),  # RoBERTa
+        (dict(mlm=False, sentence_classes=0, num_labels=3), {'classifier'}),  # fine-tune
+    ])
 def test_heads_by_config_and_logical_axes(heads, expected):
   model = Bert(bert_config(**TINY), **heads)
   tokens = jnp.ones((2, 9), jnp.int32)
@@ -41,8 +43,8 @@ def test_heads_by_config_and_logical_axes(heads, expected):
   assert tuple(specs['token_embed']['embedding']) == ('vocab', 'embed')
   query = specs['encoder']['layer_0']['self_attention']['query']['kernel']
   assert tuple(query) == ('embed', 'heads', 'kv')
-  out = model.apply(variables, tokens, jnp.zeros_like(tokens),
-                    mlm_positions=jnp.array([[1, 2, 3], [0, 4, 8]]))
+  out = model.apply(variables, tokens, jnp.zeros_like(tokens), mlm_positions=jnp.array([[1, 2, 3],
+                                                                                        [0, 4, 8]]))
   assert out['hidden'].shape == (2, 9, 32) and out['pooled'].shape == (2, 32)
   if 'mlm_bias' in expected:
     assert out['mlm_logits'].shape == (2, 3, 97)
@@ -86,8 +88,7 @@ def test_padding_changes_nothing_for_real_tokens():
     np.testing.assert_allclose(changed['hidden'][row, :n], base['hidden'][row, :n], atol=1e-5)
   np.testing.assert_allclose(changed['class_logits'], base['class_logits'], atol=1e-5)
   # Without the mask the same ids would be attended to: the test can fail.
-  unmasked = model.apply(variables, other, other_segments,
-                         valid=jnp.ones_like(jnp.asarray(valid)))
+  unmasked = model.apply(variables, other, other_segments, valid=jnp.ones_like(jnp.asarray(valid)))
   assert np.abs(unmasked['hidden'][1, :9] - base['hidden'][1, :9]).max() > 1e-3
 
 
@@ -113,12 +114,15 @@ def _classification_batches(num, rng):
     tokens[labels == 1, where[labels == 1]] = 7
     tokens[:, 0] = 2
     tokens[:, 11] = 3
-    batches.append({'inputs': tokens, 'segments': np.zeros_like(tokens), 'labels': labels,
-                    'weights': np.ones(16, np.float32)})
+    batches.append({
+        'inputs': tokens, 'segments': np.zeros_like(tokens), 'labels': labels,
+        'weights': np.ones(16, np.float32)
+    })
   return batches
 
 
 class _Cycle:
+
   def __init__(self, batches):
     self.batches, self.step = batches, 0
 
@@ -161,8 +165,10 @@ def test_pretraining_mlm_and_nsp_improve(tmp_path):
   docs = [[np.full(4, 10 + d, np.int32) for _ in range(4)] for d in range(40)]
   options = bert_pretrain.PretrainOptions(max_len=24, max_predictions=4, short_seq_prob=0.0)
   data = bert_pretrain.PretrainBatches(docs, _TinyTokenizer(), options, batch_size=16, seed=0)
-  valid = [bert_pretrain.PretrainBatches(docs, _TinyTokenizer(), options, batch_size=16,
-                                         seed=1).batch(i) for i in range(4)]
+  valid = [
+      bert_pretrain.PretrainBatches(docs, _TinyTokenizer(), options, batch_size=16, seed=1).batch(i)
+      for i in range(4)
+  ]
   config = _classification_config(num_steps=100)
   config.optimizer.learning_rate = 2e-3
   task = BertPretrainTask(bert_config(**TINY), sentence_task='nsp', eval_batches=valid)

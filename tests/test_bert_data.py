@@ -27,8 +27,7 @@ def minilm_tokenizer(minilm_dir):
 def _documents(num_docs=30, lines=6):
   """Documents whose every token names (document, line), so pairs can be traced back."""
   # ids >= 10 are ordinary tokens; doc d line i is [1000 + 10 d + i] * 3.
-  return [[np.full(3, 1000 + 10 * d + i, np.int32) for i in range(lines)]
-          for d in range(num_docs)]
+  return [[np.full(3, 1000 + 10 * d + i, np.int32) for i in range(lines)] for d in range(num_docs)]
 
 
 class _FakeTokenizer:
@@ -47,15 +46,17 @@ def test_masking_statistics_and_special_tokens():
   random_ids = np.arange(5, 5000)
   selected = total = masked_count = random_count = kept = 0
   for _ in range(400):
-    ids = np.concatenate([[2], rng.integers(5, 5000, 40), [3], rng.integers(5, 5000, 20), [3],
+    ids = np.concatenate([[2],
+                          rng.integers(5, 5000, 40), [3],
+                          rng.integers(5, 5000, 20), [3],
                           np.zeros(1, int)]).astype(np.int32)
-    masked, positions, originals = bert_pretrain.mask_tokens(ids, special, 5000, 4, options,
-                                                             rng, random_ids)
-    assert not np.isin(ids[positions], special).any()       # specials are never selected
-    assert (masked[ids < 5] == ids[ids < 5]).all()           # nor changed
+    masked, positions, originals = bert_pretrain.mask_tokens(ids, special, 5000, 4, options, rng,
+                                                             random_ids)
+    assert not np.isin(ids[positions], special).any()  # specials are never selected
+    assert (masked[ids < 5] == ids[ids < 5]).all()  # nor changed
     assert (originals == ids[positions]).all()
     unselected = np.setdiff1d(np.arange(len(ids)), positions)
-    assert (masked[unselected] == ids[unselected]).all()     # only selected tokens change
+    assert (masked[unselected] == ids[unselected]).all()  # only selected tokens change
     total += 60
     selected += len(positions)
     masked_count += int((masked[positions] == 4).sum())
@@ -88,9 +89,9 @@ def test_sentence_pairs(task):
     first, second = (ta, tb) if label == 0 or task == 'nsp' else (tb, ta)
     assert first[0] == (d, line)
     lines_in_order = first + second
-    if task == 'sop' or label == 0:   # genuinely consecutive lines of one document
+    if task == 'sop' or label == 0:  # genuinely consecutive lines of one document
       assert lines_in_order == [(d, line + k) for k in range(len(lines_in_order))]
-    else:                              # NSP negative: B from another document
+    else:  # NSP negative: B from another document
       assert all(doc != d for doc, _ in tb)
   assert np.mean(labels) == pytest.approx(0.5, abs=0.08)
 
@@ -190,8 +191,10 @@ def test_sst2_tsv_reader_uses_the_header(corpus, tmp_path):
 
 @pytest.mark.parity  # the MiniLM vocabulary comes with the parity extra
 def test_classification_batches(minilm_tokenizer):
-  sentences = ['good'] * 5 + ['a much longer sentence that needs more than sixteen tokens to be '
-                              'written out in word pieces at all'] * 5
+  sentences = ['good'] * 5 + [
+      'a much longer sentence that needs more than sixteen tokens to be '
+      'written out in word pieces at all'
+  ] * 5
   rows = classification.encode_examples(minilm_tokenizer, sentences, max_len=64)
   data = classification.ClassificationBatches(rows, [1] * 5 + [0] * 5, batch_size=4, max_len=64,
                                               seed=0)
@@ -215,8 +218,8 @@ def test_sst2_from_tfds_mock_data():
 
 @pytest.mark.slow
 def test_wikipedia_documents_from_tfds_mock_data():
-  from experiments.configs import bert_pretrain_wikipedia  # pylint: disable=g-import-not-at-top
-  from transformer_jax.workflows import bert  # pylint: disable=g-import-not-at-top
+  from experiments.configs import bert_pretrain_wikipedia
+  from transformer_jax.workflows import bert
   config = bert_pretrain_wikipedia.get_config()
   config.data.max_valid_examples = 3
   with tfds.testing.mock_data(num_examples=10):

@@ -19,8 +19,7 @@ RTOL, ATOL = 1e-5, 1e-5
 
 def qkv(seed, t, s, kv_heads=H):
   keys = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(keys[0], (B, t, H, D)),
-          jax.random.normal(keys[1], (B, s, kv_heads, D)),
+  return (jax.random.normal(keys[0], (B, t, H, D)), jax.random.normal(keys[1], (B, s, kv_heads, D)),
           jax.random.normal(keys[2], (B, s, kv_heads, D)))
 
 
@@ -46,8 +45,7 @@ def test_causal_chunked_matches_reference(chunk, padding, use_bias):
   mask = padding_mask(t, t) if padding else None
   bias = jax.random.normal(jax.random.key(1), (1, H, t, t)) if use_bias else None
   out = kernels.chunked_attention(q, k, v, mask=mask, bias=bias, causal=True, chunk_size=chunk)
-  np.testing.assert_allclose(out, reference(q, k, v, mask, bias, causal=True),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(out, reference(q, k, v, mask, bias, causal=True), rtol=RTOL, atol=ATOL)
 
 
 def test_causal_flag_and_explicit_causal_mask_agree():
@@ -79,10 +77,14 @@ def test_grouped_query_heads_match_reference():
   np.testing.assert_allclose(out, reference(q, k, v, causal=True), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize('causal,use_bias,kv_heads,t,s', [
-    (False, True, H, 10, 10), (True, True, H, 10, 10),  # bias gradient too
-    (True, False, 2, 10, 10),                            # grouped-query heads
-    (False, False, 2, 7, 11)])                           # cross-attention, S != T
+@pytest.mark.parametrize(
+    'causal,use_bias,kv_heads,t,s',
+    [
+        (False, True, H, 10, 10),
+        (True, True, H, 10, 10),  # bias gradient too
+        (True, False, 2, 10, 10),  # grouped-query heads
+        (False, False, 2, 7, 11)
+    ])  # cross-attention, S != T
 def test_gradients_match_reference(causal, use_bias, kv_heads, t, s):
   q, k, v = qkv(5, t, s, kv_heads)
   mask = padding_mask(t, s)
@@ -92,8 +94,8 @@ def test_gradients_match_reference(causal, use_bias, kv_heads, t, s):
   def loss(fn):
     return lambda q, k, v, bias: jnp.sum(fn(q, k, v, bias) * cotangent)
 
-  chunked = loss(lambda q, k, v, bias: kernels.chunked_attention(
-      q, k, v, mask=mask, bias=bias, causal=causal, chunk_size=3))
+  chunked = loss(lambda q, k, v, bias: kernels.chunked_attention(q, k, v, mask=mask, bias=bias,
+                                                                 causal=causal, chunk_size=3))
   ref = loss(lambda q, k, v, bias: reference(q, k, v, mask, bias, causal))
   argnums = (0, 1, 2, 3) if use_bias else (0, 1, 2)
   got = jax.grad(chunked, argnums=argnums)(q, k, v, bias)
@@ -143,26 +145,27 @@ TINY = dict(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64, num_decoder_laye
 def test_gpt_logits_equal_across_implementations(make_config):
   tokens = jax.random.randint(jax.random.key(11), (2, 72), 0, 40)
   base = make_config(**TINY)
-  params = GPT(base.replace(attention_implementation='reference')).init(
-      jax.random.key(0), tokens)['params']
-  logits = lambda implementation: jax.jit(GPT(base.replace(
-      attention_implementation=implementation)).apply)({'params': params}, tokens)
+  params = GPT(base.replace(attention_implementation='reference')).init(jax.random.key(0),
+                                                                        tokens)['params']
+  logits = lambda implementation: jax.jit(
+      GPT(base.replace(attention_implementation=implementation)).apply)({'params': params}, tokens)
   np.testing.assert_allclose(logits('auto'), logits('reference'), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
 def test_encoder_decoder_logits_equal_across_implementations():
-  cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64,
-                          num_encoder_layers=1, num_decoder_layers=1, max_len=80,
-                          dropout_rate=0.0, attention_dropout_rate=0.0)
+  cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=80, dropout_rate=0.0,
+                          attention_dropout_rate=0.0)
   r = np.random.RandomState(0)
   inputs = r.randint(2, 40, (2, 70)).astype(np.int32)
   targets = r.randint(2, 40, (2, 66)).astype(np.int32)
   inputs[1, 50:] = 0
   targets[1, 40:] = 0
   params = EncoderDecoder(cfg).init(jax.random.key(0), inputs, targets)['params']
-  logits = lambda implementation: jax.jit(EncoderDecoder(cfg.replace(
-      attention_implementation=implementation)).apply)({'params': params}, inputs, targets)
+  logits = lambda implementation: jax.jit(
+      EncoderDecoder(cfg.replace(attention_implementation=implementation)).apply
+  )({'params': params}, inputs, targets)
   np.testing.assert_allclose(logits('chunked'), logits('reference'), rtol=1e-4, atol=1e-4)
 
 
@@ -182,8 +185,8 @@ def test_models_give_causality_as_a_flag_and_padding_as_the_smallest_mask(monkey
   jax.eval_shape(GPT(gpt2_config(**TINY)).init, jax.random.key(0), tokens)  # traces a forward
   assert calls and set(calls) == {(None, True)}, calls
   calls.clear()
-  cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64,
-                          num_encoder_layers=1, num_decoder_layers=1, max_len=80)
+  cfg = TransformerConfig(vocab_size=40, emb_dim=32, num_heads=4, mlp_dim=64, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=80)
   targets = tokens[:, :9]
   jax.eval_shape(EncoderDecoder(cfg).init, jax.random.key(0), tokens, targets)
   # Encoder self-attention (query and key padding), decoder self-attention, cross-attention.
@@ -199,8 +202,7 @@ def test_sown_attention_weights_are_causal_and_normalised():
   model = GPT(cfg)
   params = model.init(jax.random.key(0), tokens)['params']
   logits, state = model.apply({'params': params}, tokens, mutable=['intermediates'])
-  np.testing.assert_allclose(logits, model.apply({'params': params}, tokens), rtol=1e-4,
-                             atol=1e-4)
+  np.testing.assert_allclose(logits, model.apply({'params': params}, tokens), rtol=1e-4, atol=1e-4)
   weights = jax.tree.leaves(state['intermediates'])
   assert len(weights) == 1
   for w in weights:

@@ -63,10 +63,13 @@ def test_read_lines_skip_invalid_utf8(tmp_path):
   assert text.read_lines(path, skip_invalid_utf8=True) == lines
 
 
-@pytest.mark.parametrize('data', [
-    b'this is not gzip\n',  # Plain bytes despite the .gz name.
-    gzip.compress(b'a line\n' * 1000, mtime=0)[:40],  # Cut short, e.g. by a failed download.
-], ids=['not_gzip', 'truncated'])
+@pytest.mark.parametrize(
+    'data',
+    [
+        b'this is not gzip\n',  # Plain bytes despite the .gz name.
+        gzip.compress(b'a line\n' * 1000, mtime=0)[:40],  # Cut short, e.g. by a failed download.
+    ],
+    ids=['not_gzip', 'truncated'])
 def test_read_lines_bad_gzip(tmp_path, data):
   path = str(tmp_path / 'broken.gz')
   with open(path, 'wb') as f:
@@ -135,7 +138,7 @@ def test_read_parallel_invalid_utf8_is_an_error_by_default(tmp_path):
 
 
 @pytest.mark.parametrize('split, num_lines', [('train', 29_000), ('val', 1_014),
-                                               ('test_2016_flickr', 1_000)])
+                                              ('test_2016_flickr', 1_000)])
 def test_multi30k(multi30k_dir, split, num_lines):
   src_path, tgt_path = text.find_parallel_files(multi30k_dir, split, 'en', 'de')
   assert src_path.endswith(f'{split}.en.gz') and tgt_path.endswith(f'{split}.de.gz')

@@ -132,10 +132,12 @@ def test_beam_helpers_layout_and_scalar_leaves():
 
 def test_greedy_follows_a_script_and_pads_after_eos():
   # The model emits row r's script[r, step] with near-certainty, whatever it is fed.
-  script = jnp.array([[2, 3, 1, 4, 5, 2],    # EOS mid-way; tokens after it must become PAD.
-                      [1, 4, 4, 2, 3, 3],    # EOS at the very first step.
-                      [2, 2, 3, 4, 5, 2],    # Never EOS: runs to max_len.
-                      [3, 4, 5, 2, 3, 1]])   # EOS at the last step.
+  script = jnp.array([
+      [2, 3, 1, 4, 5, 2],  # EOS mid-way; tokens after it must become PAD.
+      [1, 4, 4, 2, 3, 3],  # EOS at the very first step.
+      [2, 2, 3, 4, 5, 2],  # Never EOS: runs to max_len.
+      [3, 4, 5, 2, 3, 1]
+  ])  # EOS at the last step.
   vocab, max_len = 6, script.shape[1]
 
   def script_model(tokens, cache):
@@ -148,8 +150,7 @@ def test_greedy_follows_a_script_and_pads_after_eos():
   assert out.dtype == jnp.int32 and out.shape == (4, max_len)
   np.testing.assert_array_equal(out, expected)
 
-  seqs, scores = search.beam_search(script_model, cache, batch_size=4, beam_size=3,
-                                      max_len=max_len)
+  seqs, scores = search.beam_search(script_model, cache, batch_size=4, beam_size=3, max_len=max_len)
   assert seqs.shape == (4, 3, max_len) and scores.shape == (4, 3)
   # Beam search prefers any finished hypothesis to an unfinished one, so for the EOS-free
   # row it returns the script with EOS forced at the last step (found within the beam).
@@ -162,8 +163,9 @@ def test_greedy_matches_stepwise_argmax_and_pads_after_eos():
   max_len, vocab, batch = 7, 6, 16
   table = random_table(0, max_len, vocab, eos_bias=-0.5)
   prev = np.arange(batch) % vocab
-  out = np.asarray(search.greedy_search(functools.partial(table_model, table),
-                                          table_cache(prev), batch_size=batch, max_len=max_len))
+  out = np.asarray(
+      search.greedy_search(functools.partial(table_model, table), table_cache(prev),
+                           batch_size=batch, max_len=max_len))
   ended = (out == EOS).any(axis=1)
   assert ended.any() and not ended.all()  # Both kinds of rows are exercised.
   assert_pad_after_eos(out)
@@ -207,7 +209,7 @@ def test_large_beam_is_exhaustive_search(alpha, prev):
   table = random_table(1, max_len, vocab)
   beam = vocab**max_len
   seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
-                                      batch_size=1, beam_size=beam, max_len=max_len, alpha=alpha)
+                                    batch_size=1, beam_size=beam, max_len=max_len, alpha=alpha)
   expected = brute_force(table, prev, max_len, alpha)
   n = len(expected)
   assert n == 1 + 4 + 16 + 64
@@ -223,9 +225,9 @@ def test_no_finished_hypothesis_falls_back_to_alive_beams():
   table[..., EOS] = -np.inf
   table = jnp.asarray(table)
   alpha = 0.6
-  seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
-                                      batch_size=1, beam_size=vocab**max_len, max_len=max_len,
-                                      alpha=alpha)
+  seqs, scores = search.beam_search(functools.partial(table_model,
+                                                      table), table_cache([prev]), batch_size=1,
+                                    beam_size=vocab**max_len, max_len=max_len, alpha=alpha)
   expected = brute_force(table, prev, max_len, alpha)
   n = len(expected)
   assert n == 4**max_len
@@ -234,7 +236,7 @@ def test_no_finished_hypothesis_falls_back_to_alive_beams():
 
   # A small beam still returns its alive hypotheses, sorted, with the max_len penalty.
   seqs, scores = search.beam_search(functools.partial(table_model, table), table_cache([prev]),
-                                      batch_size=1, beam_size=3, max_len=max_len, alpha=alpha)
+                                    batch_size=1, beam_size=3, max_len=max_len, alpha=alpha)
   assert np.all(np.diff(scores[0]) <= 0) and np.all(np.isfinite(scores))
   for k in range(3):
     log_prob, length = seq_log_prob(table, prev, np.asarray(seqs[0, k]))
@@ -248,10 +250,10 @@ def test_beam_size_one_is_greedy(alpha):
   table = random_table(3, max_len, vocab, eos_bias=-0.5)
   prev = np.arange(batch) % vocab
   model = functools.partial(table_model, table)
-  greedy = np.asarray(search.greedy_search(model, table_cache(prev), batch_size=batch,
-                                             max_len=max_len))
+  greedy = np.asarray(
+      search.greedy_search(model, table_cache(prev), batch_size=batch, max_len=max_len))
   seqs, scores = search.beam_search(model, table_cache(prev), batch_size=batch, beam_size=1,
-                                      max_len=max_len, alpha=alpha)
+                                    max_len=max_len, alpha=alpha)
   ended = (greedy == EOS).any(axis=1)
   assert ended.any() and not ended.all()  # EOS-terminated and fallback rows both occur.
   np.testing.assert_array_equal(seqs[:, 0], greedy)
@@ -276,7 +278,7 @@ def test_length_penalty_favours_longer_hypotheses():
 
   for alpha, best, other in [(0.0, short, long), (1.0, long, short)]:
     seqs, scores = search.beam_search(model, table_cache([0]), batch_size=1, beam_size=4,
-                                        max_len=max_len, alpha=alpha)
+                                      max_len=max_len, alpha=alpha)
     top = [list(map(int, s)) for s in np.asarray(seqs[0])]
     assert top[0] == best and other in top[1:]
     expected = {tuple(short): -1.0 / penalty(1, alpha), tuple(long): -1.4 / penalty(4, alpha)}
@@ -298,7 +300,7 @@ def test_beam_search_stops_once_no_alive_beam_can_win():
 
   cache = {'step': jnp.array(0, jnp.int32)}
   seqs, scores = search.beam_search(counting_model, cache, batch_size=2, beam_size=2,
-                                      max_len=max_len, alpha=0.0)
+                                    max_len=max_len, alpha=0.0)
   jax.effects_barrier()
   assert calls == [0, 1]
   np.testing.assert_array_equal(seqs[:, 0, :2], [[EOS, PAD]] * 2)
@@ -309,8 +311,8 @@ def test_pad_after_eos_in_every_beam():
   max_len, vocab, batch, beam = 8, 6, 6, 4
   table = random_table(4, max_len, vocab, eos_bias=0.5)
   seqs, scores = search.beam_search(functools.partial(table_model, table),
-                                      table_cache(np.arange(batch) % vocab), batch_size=batch,
-                                      beam_size=beam, max_len=max_len)
+                                    table_cache(np.arange(batch) % vocab), batch_size=batch,
+                                    beam_size=beam, max_len=max_len)
   assert_pad_after_eos(seqs)
   assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)  # Best first.
 
@@ -329,21 +331,22 @@ def test_decoders_run_under_jit():
     model = functools.partial(table_model, table)
     greedy = search.greedy_search(model, cache, batch_size=batch, max_len=max_len)
     seqs, scores = search.beam_search(model, cache, batch_size=batch, beam_size=beam,
-                                        max_len=max_len)
+                                      max_len=max_len)
     return greedy, seqs, scores
 
   greedy, seqs, scores = decode(table, cache)
   model = functools.partial(table_model, table)
   np.testing.assert_array_equal(
       greedy, search.greedy_search(model, cache, batch_size=batch, max_len=max_len))
-  eager_seqs, eager_scores = search.beam_search(model, cache, batch_size=batch,
-                                                  beam_size=beam, max_len=max_len)
+  eager_seqs, eager_scores = search.beam_search(model, cache, batch_size=batch, beam_size=beam,
+                                                max_len=max_len)
   np.testing.assert_array_equal(seqs, eager_seqs)
   np.testing.assert_allclose(scores, eager_scores, rtol=1e-6)
 
   # The public entry points jit directly once the model is bound with functools.partial.
-  jit_beam = jax.jit(functools.partial(search.beam_search, model, batch_size=batch,
-                                       beam_size=beam, max_len=max_len))
+  jit_beam = jax.jit(
+      functools.partial(search.beam_search, model, batch_size=batch, beam_size=beam,
+                        max_len=max_len))
   np.testing.assert_array_equal(jit_beam(cache)[0], eager_seqs)
 
 
@@ -357,8 +360,8 @@ def test_batch_rows_decode_independently():
   def decode(prev, batch):
     model = functools.partial(table_model, table)
     greedy = search.greedy_search(model, table_cache(prev), batch_size=batch, max_len=max_len)
-    seqs, scores = search.beam_search(model, table_cache(prev), batch_size=batch,
-                                        beam_size=beam, max_len=max_len)
+    seqs, scores = search.beam_search(model, table_cache(prev), batch_size=batch, beam_size=beam,
+                                      max_len=max_len)
     return greedy, seqs, scores
 
   greedy, seqs, scores = decode(jnp.array(prev), len(prev))

@@ -83,8 +83,9 @@ def test_docs_folder_has_pages():
 def test_relative_links_point_to_existing_files(path):
   """Every relative link and image in README.md and docs/*.md names a file that exists."""
   base = os.path.dirname(path)
-  missing = [t for t in relative_links(path)
-             if not os.path.exists(os.path.normpath(os.path.join(base, t)))]
+  missing = [
+      t for t in relative_links(path) if not os.path.exists(os.path.normpath(os.path.join(base, t)))
+  ]
   assert not missing, f'{os.path.relpath(path, REPO_ROOT)} links to missing files: {missing}'
 
 
@@ -118,14 +119,17 @@ def test_there_are_examples_to_run():
 def test_marked_python_examples_run(code):
   """A python block marked `# runs in the tests` runs without raising, in a fresh namespace."""
   namespace = {'__name__': '__docs_example__'}
-  exec(compile(code, '<docs example>', 'exec'), namespace)  # pylint: disable=exec-used
+  exec(compile(code, '<docs example>', 'exec'), namespace)
 
 
 def shell_commands(block: str) -> list[str]:
   """The commands of a bash block: comments dropped, backslash continuations joined."""
   joined = re.sub(r'\\\n\s*', ' ', block)
-  return [line.strip() for line in joined.splitlines()
-          if line.strip() and not line.strip().startswith('#')]
+  return [
+      line.strip()
+      for line in joined.splitlines()
+      if line.strip() and not line.strip().startswith('#')
+  ]
 
 
 def test_there_are_commands_to_run():

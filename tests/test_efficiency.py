@@ -19,8 +19,9 @@ VOCAB = 48
 
 
 def gpt_task(**overrides):
-  return LanguageModelTask(gpt2_config(vocab_size=VOCAB, emb_dim=32, num_heads=4, mlp_dim=64,
-                                       num_decoder_layers=2, max_len=16, **overrides))
+  return LanguageModelTask(
+      gpt2_config(vocab_size=VOCAB, emb_dim=32, num_heads=4, mlp_dim=64, num_decoder_layers=2,
+                  max_len=16, **overrides))
 
 
 def t5_task(**overrides):
@@ -71,6 +72,7 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-7):
 
 
 # -- nn.scan over layers -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize('make_task, make_batch', [(gpt_task, lm_batch),
                                                    (t5_task, translation_batch)])
@@ -145,6 +147,7 @@ def test_scanned_t5_beam_searches_the_same_translations_as_unrolled(scanned_deco
 
 # -- rematerialisation ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('make_task, make_batch, policy, scan', [
     (t5_task, translation_batch, 'nothing_saveable', False),
     (gpt_task, lm_batch, 'dots_saveable', True),
@@ -172,6 +175,7 @@ def test_remat_recomputes_on_the_backward_pass():
     params = params_of(task)
     fn = jax.grad(lambda p: task.loss_fn(p, batch, jax.random.key(0), True)[0])
     return jax.jit(fn).lower(params).as_text().count('dot_general')
+
   assert dots(gpt_task(remat_policy='nothing_saveable')) > dots(gpt_task())
 
 
@@ -181,6 +185,7 @@ def test_unknown_remat_policy_is_a_config_error():
 
 
 # -- gradient accumulation -----------------------------------------------------------------------
+
 
 def test_micro_batches_take_strided_rows():
   batch = {'x': np.arange(12).reshape(6, 2)}
@@ -212,10 +217,9 @@ def test_accumulated_micro_batches_equal_one_big_batch(make_task, make_batch):
 @pytest.mark.slow
 def test_trainer_step_with_accumulation_equals_plain_step():
   """The trainer's jitted step with train.accumulation_steps=4 makes the same update."""
-  from experiments.configs.common import base_config  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training.trainer import (  # pylint: disable=g-import-not-at-top
-      TrainState, make_train_step)
-  from transformer_jax.training.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
+  from experiments.configs.common import base_config
+  from transformer_jax.training.trainer import (TrainState, make_train_step)
+  from transformer_jax.training.optimizer import make_optimizer
   task = gpt_task(dropout_rate=0.0, attention_dropout_rate=0.0)
   config = base_config()
   tx, _ = make_optimizer(config.optimizer)
@@ -223,8 +227,7 @@ def test_trainer_step_with_accumulation_equals_plain_step():
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   batch = lm_batch(rows=16, seed=5)
   plain_state, plain = jax.jit(make_train_step(task.loss_fn, tx, 0))(state, batch)
-  acc_state, acc = jax.jit(make_train_step(task.loss_fn, tx, 0, accumulation_steps=4))(
-      state, batch)
+  acc_state, acc = jax.jit(make_train_step(task.loss_fn, tx, 0, accumulation_steps=4))(state, batch)
   for key in ('loss_mean', 'grad_norm', 'loss', 'weight'):
     np.testing.assert_allclose(acc[key], plain[key], rtol=1e-5, err_msg=key)
   assert_trees_close(acc_state.params, plain_state.params, rtol=1e-5, atol=1e-6)
@@ -232,7 +235,7 @@ def test_trainer_step_with_accumulation_equals_plain_step():
 
 def test_batch_not_divisible_into_micro_batches_is_a_config_error(tiny_config):
   """Validation names the accumulation steps when the batch can't be cut into micro-batches."""
-  from transformer_jax.cli import validation  # pylint: disable=g-import-not-at-top
+  from transformer_jax.cli import validation
   config = tiny_config()
   config.train.accumulation_steps = 3
   with pytest.raises(ConfigError, match='accumulation_steps=3'):
@@ -243,20 +246,20 @@ def test_batch_not_divisible_into_micro_batches_is_a_config_error(tiny_config):
 
 # -- mixed precision -----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_bf16_compute_keeps_fp32_params_gradients_logits_and_loss():
   """dtype=bfloat16, param_dtype=float32: bf16 matmuls, fp32 master weights, softmax and loss."""
-  fp32 = LanguageModelTask(llama_config(vocab_size=VOCAB, emb_dim=32, num_heads=4,
-                                        num_kv_heads=2, mlp_dim=64, num_decoder_layers=2,
-                                        max_len=16))
+  fp32 = LanguageModelTask(
+      llama_config(vocab_size=VOCAB, emb_dim=32, num_heads=4, num_kv_heads=2, mlp_dim=64,
+                   num_decoder_layers=2, max_len=16))
   bf16 = LanguageModelTask(fp32.cfg.replace(dtype=jnp.bfloat16))
   params = params_of(bf16)
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
   batch = lm_batch()
   logits = bf16.model.apply({'params': params}, batch['inputs'])
   assert logits.dtype == jnp.float32
-  hlo = jax.jit(lambda p: bf16.model.apply({'params': p}, batch['inputs'])).lower(
-      params).as_text()
+  hlo = jax.jit(lambda p: bf16.model.apply({'params': p}, batch['inputs'])).lower(params).as_text()
   assert 'bf16' in hlo  # the matmuls really run in bfloat16
   loss, grads = loss_and_grads(bf16, params, batch, train=False)
   ref_loss, ref_grads = loss_and_grads(fp32, params, batch, train=False)

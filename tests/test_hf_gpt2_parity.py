@@ -18,17 +18,15 @@ transformers = pytest.importorskip('transformers',
                                    reason='needs the parity extra: pip install -e ".[parity]"')
 safetensors_numpy = pytest.importorskip('safetensors.numpy')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax.convert import hf_gpt2
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.gpt import GPT
 
 pytestmark = pytest.mark.parity
 
-HF_CONFIG = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=101,
-                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                 activation_function='gelu_new', layer_norm_epsilon=1e-5,
-                 bos_token_id=100, eos_token_id=100)
+HF_CONFIG = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=101, resid_pdrop=0.0,
+                 embd_pdrop=0.0, attn_pdrop=0.0, activation_function='gelu_new',
+                 layer_norm_epsilon=1e-5, bos_token_id=100, eos_token_id=100)
 
 
 def _hf_model(**overrides):
@@ -90,8 +88,8 @@ def test_untied_head_and_exact_gelu(tmp_path):
   cfg, params = hf_gpt2.load_hf_gpt2(str(tmp_path))
   assert not cfg.tie_output and cfg.activation == 'gelu_exact'
   tokens = np.random.default_rng(5).integers(0, 101, (2, 33), dtype=np.int32)
-  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens),
-                             rtol=0, atol=1e-4)
+  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens), rtol=0,
+                             atol=1e-4)
 
 
 @pytest.mark.slow
@@ -103,8 +101,8 @@ def test_legacy_pytorch_bin(saved, tmp_path):
     (tmp_path / 'config.json').write_text(f.read())
   cfg, params = hf_gpt2.load_hf_gpt2(str(tmp_path))
   tokens = np.random.default_rng(7).integers(0, 101, (2, 9), dtype=np.int32)
-  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens),
-                             rtol=0, atol=1e-4)
+  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens), rtol=0,
+                             atol=1e-4)
 
 
 def _state_and_config(directory):
@@ -123,8 +121,8 @@ def test_buffers_and_unprefixed_names_are_accepted(saved):
   bare['lm_head.weight'] = bare['wte.weight']
   params = hf_gpt2.convert_gpt2_state_dict(bare, cfg)
   tokens = np.random.default_rng(9).integers(0, 101, (1, 12), dtype=np.int32)
-  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens),
-                             rtol=0, atol=1e-4)
+  np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens), rtol=0,
+                             atol=1e-4)
 
 
 def test_unknown_key_is_named(saved, tmp_path):

@@ -33,8 +33,8 @@ def transposes_outside_attention(hlo: str) -> list[str]:
   transposed = {i['name'] for i in instructions if i['opcode'] == 'transpose'}
   bad = []
   for i in instructions:
-    is_transpose = i['opcode'] == 'transpose' or (
-        i['opcode'] == 'copy' and i['operands'].lstrip('%') in transposed)
+    is_transpose = i['opcode'] == 'transpose' or (i['opcode'] == 'copy' and
+                                                  i['operands'].lstrip('%') in transposed)
     if is_transpose and '_attention/' not in i['op_name']:
       bad.append(f"{i['name']} {i['shape']} ({i['op_name']})")
   return bad
@@ -44,14 +44,17 @@ def dense_dots(hlo: str) -> list[dict]:
   """Dots the Dense layers produced (forward and both backward matmuls); attention's own
   einsums carry their equation ('...->...') in op_name and are left out."""
   layer = re.compile(r'/(%s)/|\.attend/' % '|'.join(_DENSE_LAYERS))
-  return [i for i in hlo_text.parse(hlo) if i['opcode'] == 'dot' and layer.search(i['op_name'])
-          and '->' not in i['op_name']]
+  return [
+      i for i in hlo_text.parse(hlo)
+      if i['opcode'] == 'dot' and layer.search(i['op_name']) and '->' not in i['op_name']
+  ]
 
 
 def compiled_train_step(task, batch) -> str:
-  tx, _ = make_optimizer(ml_collections.ConfigDict(dict(
-      learning_rate=1e-3, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
-      weight_decay=0.1, grad_clip_norm=1.0)))
+  tx, _ = make_optimizer(
+      ml_collections.ConfigDict(
+          dict(learning_rate=1e-3, warmup_steps=0, schedule='constant', b1=0.9, b2=0.95, eps=1e-8,
+               weight_decay=0.1, grad_clip_norm=1.0)))
   params = nn.meta.unbox(task.init_variables(jax.random.key(0))['params'])
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   step = jax.jit(make_train_step(task.loss_fn, tx, 0), donate_argnums=(0,))
@@ -66,14 +69,15 @@ def tiny_gpt():
 
 
 def tiny_translation():
-  cfg = TransformerConfig(vocab_size=64, emb_dim=64, num_heads=4, mlp_dim=256,
-                          num_encoder_layers=1, num_decoder_layers=1, max_len=64,
-                          dropout_rate=0.1, attention_dropout_rate=0.0)
+  cfg = TransformerConfig(vocab_size=64, emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=64, dropout_rate=0.1,
+                          attention_dropout_rate=0.0)
   r = np.random.RandomState(0)
   inputs, targets = r.randint(3, 64, (4, 40)), r.randint(3, 64, (4, 32))
   inputs[1, 30:], targets[1, 20:] = 0, 0
-  return TranslationTask(cfg), {'inputs': inputs.astype(np.int32),
-                                'targets': targets.astype(np.int32)}
+  return TranslationTask(cfg), {
+      'inputs': inputs.astype(np.int32), 'targets': targets.astype(np.int32)
+  }
 
 
 @pytest.mark.slow
@@ -90,12 +94,13 @@ def test_train_step_has_no_transposing_copies_feeding_dots(make_task):
 
 def test_detector_flags_a_three_dimensional_dense():
   """The check can fail: a (B, T, D) einsum MLP + LayerNorm gets transposes in its backward."""
+
   def loss(params, x):
     w1, w2 = params
     h = jax.nn.gelu(jnp.einsum('btd,df->btf', x, w1))
     y = jnp.einsum('btf,fd->btd', h, w2)
     y = (y - y.mean(-1, keepdims=True)) * jax.lax.rsqrt(y.var(-1, keepdims=True) + 1e-5)
-    return jnp.sum(y ** 2)
+    return jnp.sum(y**2)
 
   params = (jnp.ones((64, 256)), jnp.ones((256, 64)))
   hlo = jax.jit(jax.grad(loss)).lower(params, jnp.ones((4, 128, 64))).compile().as_text()
@@ -109,9 +114,10 @@ def copies_outside_entry(hlo: str, shapes: set[str]) -> list[str]:
   """`copy` instructions of the given shapes (e.g. 'f32[2,4,8,40]') anywhere but the ENTRY
   computation: inside a decode loop's body (or a fusion it calls) they run on every step,
   while ENTRY's run once (copying a non-donated argument)."""
-  return [f"{i['computation']}: {i['name']} {i['shape']}" for i in hlo_text.parse(hlo)
-          if i['opcode'] == 'copy' and i['computation'] != 'ENTRY'
-          and i['shape'].split('{')[0] in shapes]
+  return [
+      f"{i['computation']}: {i['name']} {i['shape']}" for i in hlo_text.parse(hlo) if
+      i['opcode'] == 'copy' and i['computation'] != 'ENTRY' and i['shape'].split('{')[0] in shapes
+  ]
 
 
 @pytest.mark.slow
@@ -135,22 +141,24 @@ def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
     _, state = decoder.apply({'params': params, 'cache': cache}, prompt, mutable=['cache'])
 
     def tokens_to_logits(tokens, cache):
-      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens,
-                                      mutable=['cache'])
+      logits, updated = decoder.apply({'params': params, 'cache': cache}, tokens, mutable=['cache'])
       return logits[:, -1], updated['cache']
+
     return search.sample(tokens_to_logits, state['cache'], jax.random.key(0),
-                           first_tokens=prompt[:, -1], max_len=32, temperature=0.0)
+                         first_tokens=prompt[:, -1], max_len=32, temperature=0.0)
 
   hlo = jax.jit(generate, compiler_options=search.decode_compiler_options()).lower(
       params, prompt).compile().as_text()
   assert ' while(' in hlo
   d = cfg.emb_dim // cfg.num_heads
   k = cfg.num_kv_heads
-  cache_shapes = {f'f32[2,{k},{d},{cfg.max_len}]',     # keys [B, K, D, S]
-                  f'f32[2,{k},{cfg.max_len},{d}]',     # values [B, K, S, D]
-                  f'f32[2,{k},{cfg.max_len},1]',       # (a transposed view)
-                  f'f32[2,{k},1,{d},{cfg.max_len}]',   # (keys with a group axis)
-                  f'f32[2,{k},1,{cfg.max_len},{d}]'}   # (values with a group axis)
+  cache_shapes = {
+      f'f32[2,{k},{d},{cfg.max_len}]',  # keys [B, K, D, S]
+      f'f32[2,{k},{cfg.max_len},{d}]',  # values [B, K, S, D]
+      f'f32[2,{k},{cfg.max_len},1]',  # (a transposed view)
+      f'f32[2,{k},1,{d},{cfg.max_len}]',  # (keys with a group axis)
+      f'f32[2,{k},1,{cfg.max_len},{d}]'
+  }  # (values with a group axis)
   assert copies_outside_entry(hlo, cache_shapes) == []
   # ...and its reductions are XLA's own loops, not YNNPACK calls (~15 us of overhead each).
   assert '__ynn_fusion' not in hlo
@@ -159,12 +167,15 @@ def test_cached_decode_loop_never_copies_the_cache(num_kv_heads):
 def test_copy_detector_flags_a_dot_over_an_updated_buffer():
   """The check can fail: a loop that updates a [1, 4, S, 32] buffer in place and reads it with
   an einsum (a dot) makes XLA:CPU transpose-copy the buffer inside the loop."""
+
   def run(buffer, x):
+
     def step(i, carry):
       buffer, x = carry
       buffer = jax.lax.dynamic_update_slice(buffer, x[None, :, None, :], (0, 0, i, 0))
       scores = jnp.einsum('bksd,kd->bks', buffer, x)
       return buffer, x + scores.sum(-1).reshape(4, 1) * 1e-6
+
     return jax.lax.fori_loop(0, 16, step, (buffer, x))
 
   s = 96

@@ -15,13 +15,21 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'transformer_jax'
 
 # Lowest first. A unit is a top-level module or a subpackage of transformer_jax.
 LEVELS = {
-    'errors': 0, 'files': 0, 'special_tokens': 0,
+    'errors': 0,
+    'files': 0,
+    'special_tokens': 0,
     'model_config': 1,
-    'kernels': 2, 'parallel': 2, 'data': 2, 'inference': 2,
+    'kernels': 2,
+    'parallel': 2,
+    'data': 2,
+    'inference': 2,
     'layers': 3,
     'models': 4,
-    'training': 5, 'convert': 5, 'visualize': 5,
-    'tasks': 6, 'cli': 6,
+    'training': 5,
+    'convert': 5,
+    'visualize': 5,
+    'tasks': 6,
+    'cli': 6,
     'workflows': 7,
 }
 
@@ -58,9 +66,11 @@ def test_every_unit_has_a_level():
 @pytest.mark.parametrize('path', modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_imports_point_down(path):
   own = path.stem if path.parent == PACKAGE else path.relative_to(PACKAGE).parts[0]
-  upward = [f'line {line}: {own} (level {LEVELS[own]}) imports {unit} (level {LEVELS[unit]})'
-            for line, unit in package_imports(path)
-            if unit != own and LEVELS[unit] >= LEVELS[own]]
+  upward = [
+      f'line {line}: {own} (level {LEVELS[own]}) imports {unit} (level {LEVELS[unit]})'
+      for line, unit in package_imports(path)
+      if unit != own and LEVELS[unit] >= LEVELS[own]
+  ]
   assert not upward, '\n'.join(upward)
 
 

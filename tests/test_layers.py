@@ -115,7 +115,7 @@ def test_dense_general_computes_in_its_dtype():
 
 
 def np_gelu_tanh(x):
-  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def np_gelu_exact(x):
@@ -165,8 +165,7 @@ def test_feedforward_activations_are_distinguishable():
 
 def test_feedforward_param_names_and_shapes():
   x = jnp.ones((1, 2, EMB))
-  params = abstract_init(FeedForward(CFG.replace(activation='swiglu', use_bias=False)),
-                         x)['params']
+  params = abstract_init(FeedForward(CFG.replace(activation='swiglu', use_bias=False)), x)['params']
   specs = nn.get_partition_spec(params)
   assert tuple(specs['wi_gate']['kernel']) == ('embed', 'mlp')
   assert tuple(specs['wi_up']['kernel']) == ('embed', 'mlp')
@@ -184,13 +183,13 @@ def test_feedforward_param_names_and_shapes():
 def np_layernorm(x, eps):
   x = np64(x)
   mean = x.mean(-1, keepdims=True)
-  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  var = ((x - mean)**2).mean(-1, keepdims=True)
   return (x - mean) / np.sqrt(var + eps)
 
 
 def np_rmsnorm(x, eps):
   x = np64(x)
-  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
 
 
 def init_norm(cfg, x):
@@ -219,7 +218,7 @@ def test_rmsnorm_gives_unit_rms_without_centring():
   module, variables = init_norm(cfg, x)
   assert set(variables['params']) == {'scale'}
   y = np.asarray(module.apply(variables, x))
-  np.testing.assert_allclose(np.sqrt((y ** 2).mean(-1)), 1.0, rtol=1e-4)
+  np.testing.assert_allclose(np.sqrt((y**2).mean(-1)), 1.0, rtol=1e-4)
   assert np.all(y.mean(-1) > 0.1)  # Not centred: the positive mean survives.
   np.testing.assert_allclose(y, np_rmsnorm(x, cfg.norm_epsilon), rtol=1e-4, atol=1e-5)
 
@@ -256,14 +255,17 @@ def block_and_params(cfg, x, encoded=None, cross_attention=False, seed=0):
     if names[-2].endswith('_norm'):
       return jnp.ones_like(leaf) if names[-1] == 'scale' else jnp.zeros_like(leaf)
     return leaf
+
   return block, jax.tree_util.tree_map_with_path(norm_defaults, params)
 
 
 def zero_output_projections(params):
   """Zeroes every sublayer's last projection ('out' of attention, 'wo' of the MLP)."""
+
   def zero(path, leaf):
     names = [getattr(p, 'key', None) for p in path]
     return jnp.zeros_like(leaf) if ('out' in names or 'wo' in names) else leaf
+
   return jax.tree_util.tree_map_with_path(zero, params)
 
 

@@ -31,19 +31,29 @@ def set_path(config, dotted_key: str, value):
 
 
 TINY = {
-    'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
+    'model.emb_dim': 32,
+    'model.num_heads': 2,
+    'model.mlp_dim': 64,
     'model.num_decoder_layers': 2,
-    'data.block_size': 16, 'data.batch_size': 8, 'data.eval_batches': 2,
-    'optimizer.learning_rate': 1e-2, 'optimizer.end_learning_rate': 1e-3,
-    'optimizer.warmup_steps': 10, 'optimizer.decay_steps': 120,
-    'train.num_steps': 120, 'train.log_every': 10, 'train.eval_every': 0,
-    'train.checkpoint_every': 0, 'train.eval_max_batches': 0,
-    'eval.sample_tokens': 20, 'eval.sample_prompt': 'the ',
+    'data.block_size': 16,
+    'data.batch_size': 8,
+    'data.eval_batches': 2,
+    'optimizer.learning_rate': 1e-2,
+    'optimizer.end_learning_rate': 1e-3,
+    'optimizer.warmup_steps': 10,
+    'optimizer.decay_steps': 120,
+    'train.num_steps': 120,
+    'train.log_every': 10,
+    'train.eval_every': 0,
+    'train.checkpoint_every': 0,
+    'train.eval_max_batches': 0,
+    'eval.sample_tokens': 20,
+    'eval.sample_prompt': 'the ',
 }
 
 
 def tiny_char_config(**overrides):
-  from experiments.configs import shakespeare_char  # pylint: disable=g-import-not-at-top
+  from experiments.configs import shakespeare_char
   config = shakespeare_char.get_config()
   for key, value in dict(TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}).items():
     set_path(config, key, value)
@@ -132,8 +142,10 @@ def test_random_windows_deterministic_and_exact_resume():
 def test_random_windows_split_over_processes():
   tokens = np.arange(1000)
   whole = lm_data.RandomWindows(tokens, block_size=8, batch_size=6, seed=1).batch(7)
-  parts = [lm_data.RandomWindows(tokens, block_size=8, batch_size=6, seed=1, process_index=i,
-                                 process_count=3).batch(7) for i in range(3)]
+  parts = [
+      lm_data.RandomWindows(tokens, block_size=8, batch_size=6, seed=1, process_index=i,
+                            process_count=3).batch(7) for i in range(3)
+  ]
   np.testing.assert_array_equal(np.concatenate([p['inputs'] for p in parts]), whole['inputs'])
 
 
@@ -154,7 +166,7 @@ def test_eval_batches_fixed_and_short_text_error():
 @pytest.fixture(scope='module')
 def trained_workdir(tmp_path_factory):
   """A tiny character GPT trained on TEXT; returns (workdir, results, config)."""
-  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm
   root = tmp_path_factory.mktemp('lm')
   text_path = root / 'text.txt'
   text_path.write_text(TEXT)
@@ -181,8 +193,8 @@ def test_tiny_model_overfits(trained_workdir):
 
 @pytest.mark.slow
 def test_generation_is_deterministic_and_continues_the_text(trained_workdir):
-  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
+  from transformer_jax.workflows import lm
+  import jax
   workdir, _, config = trained_workdir
   task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
   prompt = np.asarray([tokenizer.encode('the quick ')] * 2, np.int32)
@@ -208,16 +220,16 @@ def _generate_cli(workdir, *flags):
   env = dict(os.environ, TRANSFORMER_JAX_ALLOCATOR='system', JAX_PLATFORMS='cpu',
              TF_CPP_MIN_LOG_LEVEL='2')
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
-  return subprocess.run([sys.executable, '-m', 'experiments.generate', f'--workdir={workdir}',
-                         *flags], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                        timeout=600, check=False)
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.generate', f'--workdir={workdir}', *flags], cwd=REPO_ROOT,
+      env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 @pytest.mark.slow
 def test_generate_cli_same_seed_same_text(trained_workdir):
   workdir, _, _ = trained_workdir
-  args = ('--prompt=the ', '--max_new_tokens=30', '--temperature=1.2', '--top_k=10',
-          '--top_p=0.95', '--num_samples=2')
+  args = ('--prompt=the ', '--max_new_tokens=30', '--temperature=1.2', '--top_k=10', '--top_p=0.95',
+          '--num_samples=2')
   first = _generate_cli(workdir, *args, '--seed=5')
   assert first.returncode == 0, first.stderr[-3000:]
   second = _generate_cli(workdir, *args, '--seed=5')
@@ -231,24 +243,25 @@ def test_generate_cli_same_seed_same_text(trained_workdir):
   assert bad.returncode == 1
   assert [line for line in bad.stderr.splitlines() if line.startswith('error:')] == [
       "error: character '~' (at position 4) is not in the "
-      f'{len(set(TEXT))}-character vocabulary of this model']
+      f'{len(set(TEXT))}-character vocabulary of this model'
+  ]
 
 
 @pytest.mark.slow
 def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from experiments.configs import gpt2_small  # pylint: disable=g-import-not-at-top
-  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
+  from experiments.configs import gpt2_small
+  from transformer_jax.workflows import lm
   config = gpt2_small.get_config()
   assert (config.model.num_decoder_layers, config.model.num_heads, config.model.emb_dim,
           config.data.block_size, config.tokenizer.vocab_size) == (12, 12, 768, 1024, 32_000)
   for key, value in {
-      'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
-      'model.num_decoder_layers': 1, 'data.block_size': 16, 'data.batch_size': 4,
-      'data.eval_batches': 1, 'data.max_valid_examples': 0, 'tokenizer.vocab_size': 60,
-      'train.num_steps': 3, 'train.log_every': 1, 'train.eval_every': 0,
-      'train.checkpoint_every': 0, 'optimizer.warmup_steps': 1, 'optimizer.decay_steps': 3,
-      'eval.sample_tokens': 20}.items():
+      'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64, 'model.num_decoder_layers': 1,
+      'data.block_size': 16, 'data.batch_size': 4, 'data.eval_batches': 1,
+      'data.max_valid_examples': 0, 'tokenizer.vocab_size': 60, 'train.num_steps': 3,
+      'train.log_every': 1, 'train.eval_every': 0, 'train.checkpoint_every': 0,
+      'optimizer.warmup_steps': 1, 'optimizer.decay_steps': 3, 'eval.sample_tokens': 20
+  }.items():
     set_path(config, key, value)
   with tfds.testing.mock_data(num_examples=64):
     results = lm.train_and_evaluate(config, str(tmp_path))
@@ -259,8 +272,8 @@ def test_gpt2_small_config_runs_tiny_on_mock_lm1b(tmp_path):
 
 @pytest.mark.slow
 def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from transformer_jax.workflows import lm  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
+  from transformer_jax.workflows import lm
   config = tiny_char_config(data__source='tfds', data__block_size=4, data__batch_size=2,
                             data__eval_batches=1, train__num_steps=2, train__log_every=1,
                             optimizer__warmup_steps=1, optimizer__decay_steps=2,

@@ -37,8 +37,9 @@ def two_step_slices(monkeypatch):
   assert losses._slicing_pays(V, D) and losses._slice_length(B, T, V) == 2
 
 
-@pytest.mark.parametrize('label_smoothing,with_bias,sliced', [
-    (0.0, False, True), (0.1, False, True), (0.1, True, True), (0.1, True, False)])
+@pytest.mark.parametrize('label_smoothing,with_bias,sliced', [(0.0, False, True),
+                                                              (0.1, False, True), (0.1, True, True),
+                                                              (0.1, True, False)])
 def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, monkeypatch,
                                                              label_smoothing, with_bias, sliced):
   if not sliced:  # a table too big to slice for: the whole-logits path
@@ -49,8 +50,8 @@ def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, mo
   fused = lambda f, e, b: losses.projected_cross_entropy_sums(f, e, targets, weights,
                                                               label_smoothing, bias=b)
   plain = lambda f, e, b: unfused(f, e, targets, weights, label_smoothing, b)
-  np.testing.assert_allclose(jax.jit(fused)(features, embedding, bias),
-                             plain(features, embedding, bias), rtol=1e-5)
+  np.testing.assert_allclose(
+      jax.jit(fused)(features, embedding, bias), plain(features, embedding, bias), rtol=1e-5)
   # Both differentiable outputs at once (smoothed loss and NLL, with different cotangents).
   mix = lambda fn: lambda *a: 0.7 * fn(*a)[0] - 1.3 * fn(*a)[1]
   argnums = (0, 1, 2) if with_bias else (0, 1)
@@ -63,8 +64,8 @@ def test_projected_sums_and_gradients_equal_the_unfused_loss(two_step_slices, mo
 
 def test_projected_loss_has_no_gradient_on_unscored_rows(two_step_slices):
   features, embedding, targets, weights = data(1)
-  grad = jax.grad(lambda f: losses.projected_cross_entropy_sums(
-      f, embedding, targets, weights)[0])(features)
+  grad = jax.grad(lambda f: losses.projected_cross_entropy_sums(f, embedding, targets, weights)[0])(
+      features)
   assert np.all(np.asarray(grad)[np.asarray(weights) == 0] == 0)
   assert np.all(np.abs(np.asarray(grad)[np.asarray(weights) == 1]).sum(-1) > 0)
 
@@ -101,9 +102,8 @@ def test_gpt_features_project_to_its_logits(make_cfg):
 
 @pytest.mark.parametrize('tie_output', [True, False])
 def test_encoder_decoder_features_project_to_its_logits(tie_output):
-  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=4, mlp_dim=48,
-                          num_encoder_layers=1, num_decoder_layers=1, max_len=16,
-                          tie_output=tie_output)
+  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=4, mlp_dim=48, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=16, tie_output=tie_output)
   inputs = jax.random.randint(jax.random.key(1), (2, 7), 1, V)
   targets = jax.random.randint(jax.random.key(2), (2, 9), 1, V)
   variables = EncoderDecoder(cfg).init(jax.random.key(0), inputs, targets)
@@ -124,5 +124,5 @@ def test_bert_mlm_features_project_to_its_logits():
   logits = model.apply(variables, tokens, mlm_positions=positions)['mlm_logits']
   out = model.apply(variables, tokens, mlm_positions=positions, method=Bert.features)
   assert 'mlm_logits' not in out and float(jnp.max(jnp.abs(out['mlm_bias']))) > 0
-  np.testing.assert_allclose(out['mlm_features'] @ out['mlm_embedding'].T + out['mlm_bias'],
-                             logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out['mlm_features'] @ out['mlm_embedding'].T + out['mlm_bias'], logits,
+                             rtol=1e-5, atol=1e-5)

@@ -28,17 +28,26 @@ MESHES = {
 def run_worker(translate_cli, workdir, family: str, runs: list[dict], steps: int = 3,
                devices: int = 8) -> dict[str, dict]:
   env = translate_cli.env()
-  env['XLA_FLAGS'] = ' '.join(filter(None, [env.get('XLA_FLAGS'),  # keeps conftest's flags
-                                             f'--xla_force_host_platform_device_count={devices}']))
+  env['XLA_FLAGS'] = ' '.join(
+      filter(
+          None,
+          [
+              env.get('XLA_FLAGS'),  # keeps conftest's flags
+              f'--xla_force_host_platform_device_count={devices}'
+          ]))
   env['TF_CPP_MIN_LOG_LEVEL'] = '1'  # XLA's warnings too, for the check below
   spec = {'family': family, 'steps': steps, 'workdir': str(workdir), 'runs': runs}
-  proc = subprocess.run([sys.executable, os.path.join('tests', 'mesh_worker.py'), json.dumps(spec)],
-                        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+  proc = subprocess.run(
+      [sys.executable, os.path.join('tests', 'mesh_worker.py'),
+       json.dumps(spec)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
   # XLA's partitioner warns when it can only reshard an array by replicating it whole on every
   # device (e.g. a lookup from an fsdp-split table, whose split lands on the features).
-  replicated = [line[:600] for line in proc.stderr.splitlines()
-                if 'Involuntary full rematerialization' in line]
+  replicated = [
+      line[:600]
+      for line in proc.stderr.splitlines()
+      if 'Involuntary full rematerialization' in line
+  ]
   assert not replicated, '\n'.join(replicated)
   results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
   assert [r['name'] for r in results] == [r['name'] for r in runs]
@@ -51,9 +60,10 @@ def find_shape(result: dict, suffix: str) -> dict:
   return matches[0]
 
 
-EFFICIENT = {'model': {'scan_layers': True, 'remat_policy': 'dots_saveable',
-                       'num_decoder_layers': 2},
-             'train': {'accumulation_steps': 2}}
+EFFICIENT = {
+    'model': {'scan_layers': True, 'remat_policy': 'dots_saveable', 'num_decoder_layers': 2},
+    'train': {'accumulation_steps': 2}
+}
 MESH_RUNS = [{'name': 'one'}] + [{'name': name, 'mesh': mesh} for name, mesh in MESHES.items()]
 
 
@@ -62,7 +72,8 @@ def lm_results(translate_cli, tmp_path_factory):
   """One subprocess for every GPT run (start-up and compilation are most of the time)."""
   runs = MESH_RUNS + [
       dict(EFFICIENT, name='efficient_one'),
-      dict(EFFICIENT, name='efficient_fsdp4_tensor2', mesh={'data': 1, 'fsdp': 4, 'tensor': 2})]
+      dict(EFFICIENT, name='efficient_fsdp4_tensor2', mesh={'data': 1, 'fsdp': 4, 'tensor': 2})
+  ]
   return run_worker(translate_cli, tmp_path_factory.mktemp('lm_mesh'), 'lm', runs)
 
 

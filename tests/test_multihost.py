@@ -18,19 +18,29 @@ from transformer_jax.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_LM = {
-    'model.emb_dim': 32, 'model.num_heads': 2, 'model.mlp_dim': 64,
-    'model.num_decoder_layers': 1, 'model.dropout_rate': 0.1, 'data.block_size': 16,
-    'data.batch_size': 8, 'data.eval_batches': 1, 'eval.sample_tokens': 0,
-    'optimizer.warmup_steps': 1, 'optimizer.decay_steps': 100, 'train.log_every': 1,
-    'train.eval_every': 0, 'train.checkpoint_every': 0,
+    'model.emb_dim': 32,
+    'model.num_heads': 2,
+    'model.mlp_dim': 64,
+    'model.num_decoder_layers': 1,
+    'model.dropout_rate': 0.1,
+    'data.block_size': 16,
+    'data.batch_size': 8,
+    'data.eval_batches': 1,
+    'eval.sample_tokens': 0,
+    'optimizer.warmup_steps': 1,
+    'optimizer.decay_steps': 100,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'train.checkpoint_every': 0,
 }
 
 
 def lm_command(workdir, num_steps: int, data: str) -> list[str]:
   flags = dict(TINY_LM, **{'train.num_steps': num_steps})
-  return [sys.executable, '-m', 'experiments.lm',
-          '--config=experiments/configs/shakespeare_char.py', f'--config.data.path={data}',
-          f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in flags.items()]
+  return [
+      sys.executable, '-m', 'experiments.lm', '--config=experiments/configs/shakespeare_char.py',
+      f'--config.data.path={data}', f'--workdir={workdir}'
+  ] + [f'--config.{k}={v}' for k, v in flags.items()]
 
 
 def run(command: list[str], translate_cli) -> subprocess.CompletedProcess:
@@ -62,7 +72,8 @@ def test_two_processes_train_checkpoint_and_resume_like_one(translate_cli, corpu
   # Both processes wrote their shards of the step-3 checkpoint.
   state_dir = two / 'checkpoints' / '3' / 'state'
   assert sorted(p for p in os.listdir(state_dir) if p.startswith('ocdbt.process_')) == [
-      'ocdbt.process_0', 'ocdbt.process_1']
+      'ocdbt.process_0', 'ocdbt.process_1'
+  ]
   # Both restore it and train one more step.
   run(['bash', launcher, '2'] + lm_command(two, 4, data), translate_cli)
   run(lm_command(one, 4, data), translate_cli)
@@ -82,7 +93,7 @@ def test_single_process_needs_no_distributed_setup(monkeypatch):
 
 
 def test_distributed_config_errors_say_what_to_set(monkeypatch):
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  import ml_collections
   monkeypatch.delenv('JAX_NUM_PROCESSES', raising=False)
   monkeypatch.delenv('JAX_PROCESS_ID', raising=False)
   monkeypatch.delenv('SLURM_STEP_NODELIST', raising=False)
@@ -94,8 +105,8 @@ def test_distributed_config_errors_say_what_to_set(monkeypatch):
   with pytest.raises(ConfigError, match='num_processes'):
     distributed.initialize(config)
   monkeypatch.setenv('JAX_PROCESS_ID', 'first')
-  config = ml_collections.ConfigDict({'distributed': {'coordinator_address': '10.0.0.1:1234',
-                                                      'num_processes': 2}})
+  config = ml_collections.ConfigDict(
+      {'distributed': {'coordinator_address': '10.0.0.1:1234', 'num_processes': 2}})
   with pytest.raises(ConfigError, match='JAX_PROCESS_ID'):
     distributed.initialize(config)
 

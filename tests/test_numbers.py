@@ -33,18 +33,26 @@ KNOWN = [
 
 # Word values for an independent parser: summing the parts works in both languages
 # ("zwei und vierzig" = 2 + 40), with "hundert" multiplying and "tausend" closing a group.
-_EN_VALUES = dict(zip(
-    ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten',
-     'eleven', 'twelve', 'thirteen', 'fourteen', 'fifteen', 'sixteen', 'seventeen', 'eighteen',
-     'nineteen'], range(20)))
-_EN_VALUES.update({'twenty': 20, 'thirty': 30, 'forty': 40, 'fifty': 50, 'sixty': 60,
-                   'seventy': 70, 'eighty': 80, 'ninety': 90})
-_DE_VALUES = dict(zip(
-    ['null', 'eins', 'zwei', 'drei', 'vier', 'fünf', 'sechs', 'sieben', 'acht', 'neun', 'zehn',
-     'elf', 'zwölf', 'dreizehn', 'vierzehn', 'fünfzehn', 'sechzehn', 'siebzehn', 'achtzehn',
-     'neunzehn'], range(20)))
-_DE_VALUES.update({'ein': 1, 'und': 0, 'zwanzig': 20, 'dreißig': 30, 'vierzig': 40,
-                   'fünfzig': 50, 'sechzig': 60, 'siebzig': 70, 'achtzig': 80, 'neunzig': 90})
+_EN_VALUES = dict(
+    zip([
+        'zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten',
+        'eleven', 'twelve', 'thirteen', 'fourteen', 'fifteen', 'sixteen', 'seventeen', 'eighteen',
+        'nineteen'
+    ], range(20)))
+_EN_VALUES.update({
+    'twenty': 20, 'thirty': 30, 'forty': 40, 'fifty': 50, 'sixty': 60, 'seventy': 70, 'eighty': 80,
+    'ninety': 90
+})
+_DE_VALUES = dict(
+    zip([
+        'null', 'eins', 'zwei', 'drei', 'vier', 'fünf', 'sechs', 'sieben', 'acht', 'neun', 'zehn',
+        'elf', 'zwölf', 'dreizehn', 'vierzehn', 'fünfzehn', 'sechzehn', 'siebzehn', 'achtzehn',
+        'neunzehn'
+    ], range(20)))
+_DE_VALUES.update({
+    'ein': 1, 'und': 0, 'zwanzig': 20, 'dreißig': 30, 'vierzig': 40, 'fünfzig': 50, 'sechzig': 60,
+    'siebzig': 70, 'achtzig': 80, 'neunzig': 90
+})
 
 
 def _parse(words: list[str], values: dict[str, int], hundred: str, thousand: str) -> int | None:

@@ -35,9 +35,10 @@ def inputs(t, s, kv_heads, padding, use_bias):
 
 def output_and_gradients(implementation, q, k, v, bias, mask, causal):
   """Attention output and the gradients of a weighted sum of it w.r.t. q, k, v (and bias)."""
+
   def loss(q, k, v, bias):
     out = kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal,
-                                          implementation=implementation)
+                                        implementation=implementation)
     weights = jnp.sin(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
     return jnp.sum(out * weights), out
 
@@ -46,14 +47,16 @@ def output_and_gradients(implementation, q, k, v, bias, mask, causal):
   return out, grads
 
 
-@pytest.mark.parametrize('t,s,kv_heads,causal,padding,use_bias', [
-    (10, 10, 1, True, 'both', False),  # GPT-like: causal, padded, shorter than one tile
-    # Cross-attention with padding and a bias (T5).
-    pytest.param(7, 11, 2, False, 'both', True, marks=pytest.mark.slow),
-    (9, 9, 2, False, 'keys', False),  # BERT-like: only keys hidden
-])
+@pytest.mark.parametrize(
+    't,s,kv_heads,causal,padding,use_bias',
+    [
+        (10, 10, 1, True, 'both', False),  # GPT-like: causal, padded, shorter than one tile
+        # Cross-attention with padding and a bias (T5).
+        pytest.param(7, 11, 2, False, 'both', True, marks=pytest.mark.slow),
+        (9, 9, 2, False, 'keys', False),  # BERT-like: only keys hidden
+    ])
 def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, causal, padding,
-                                                             use_bias):
+                                                              use_bias):
   q, k, v, bias, mask = inputs(t, s, kv_heads, padding, use_bias)
   with pltpu.force_tpu_interpret_mode():
     out, grads = output_and_gradients('pallas', q, k, v, bias, mask, causal)
@@ -69,7 +72,7 @@ def test_pallas_kernel_matches_reference_forward_and_backward(t, s, kv_heads, ca
 def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(monkeypatch):
   """BERT's and cross-attention's [B, 1, 1, S] masks cost the kernel no [B, H, T, S] array, and
   a batch row whose keys are all hidden comes out zero (the kernel alone would average it)."""
-  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   calls = []
   kernel = pallas_flash.flash_attention
 
@@ -84,15 +87,16 @@ def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(mo
     out = kernels.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
   assert calls[0]['ab'] is None
   np.testing.assert_array_equal(calls[0]['segment_ids'].kv, mask[:, 0, 0, :])
-  np.testing.assert_allclose(out, kernels.dot_product_attention(
-      q, k, v, mask=mask, implementation='reference'), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+      out, kernels.dot_product_attention(q, k, v, mask=mask, implementation='reference'), rtol=RTOL,
+      atol=ATOL)
   np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
 
 
 @pytest.mark.parametrize('backend,expected', [('gpu', 'cudnn'), ('tpu', 'pallas'),
                                               ('cpu', 'chunked')])
-def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeypatch, backend,
-                                                                         expected):
+def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(
+    monkeypatch, backend, expected):
   """'auto' asks for cuDNN on GPU and Pallas on TPU; where the kernel can't run (here: on a CPU
   posing as that backend, at trace time) it falls back to a path that can, with the same
   numbers. Attention dropout always takes the chunked path (the fused kernels have none)."""
@@ -105,6 +109,5 @@ def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(monkeyp
     with pytest.raises(Exception):  # noqa: B017
       kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation=expected)
   out = kernels.dot_product_attention(q, k, v, mask=mask, causal=True)
-  ref = kernels.dot_product_attention(q, k, v, mask=mask, causal=True,
-                                        implementation='reference')
+  ref = kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation='reference')
   np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.layers.position: sinusoidal, learned, rotary and T5 relative positions."""
+"""Tests for transformer_jax.layers.position: sinusoidal, learned, rotary and T5 relative
+positions."""
 
 import math
 
@@ -35,7 +36,7 @@ def test_sinusoidal_table_matches_formula_at_hand_checked_entries(pos, i):
   """PE[pos, 2i] = sin(pos / 10000^(2i/d)) and PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
   d = 16
   table = position.sinusoidal_table(50, d)
-  angle = pos / 10000 ** (2 * i / d)
+  angle = pos / 10000**(2 * i / d)
   assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
   assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
 
@@ -45,8 +46,9 @@ def test_sinusoidal_table_first_rows_by_hand():
   # Position 0: sin 0 = 0, cos 0 = 1 in every pair.
   np.testing.assert_allclose(table[0], [0.0, 1.0, 0.0, 1.0], atol=1e-7)
   # d = 4: frequencies 1 and 10000^(-1/2) = 0.01.
-  np.testing.assert_allclose(table[2], [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      table[2], [math.sin(2), math.cos(2), math.sin(0.02),
+                 math.cos(0.02)], atol=1e-6)
 
 
 def test_sinusoidal_table_matches_formula_everywhere():
@@ -54,7 +56,7 @@ def test_sinusoidal_table_matches_formula_everywhere():
   table = position.sinusoidal_table(length, d)
   for pos in range(length):
     for i in range(d // 2):
-      angle = pos / 10000 ** (2 * i / d)
+      angle = pos / 10000**(2 * i / d)
       assert abs(table[pos, 2 * i] - math.sin(angle)) < 1e-6
       assert abs(table[pos, 2 * i + 1] - math.cos(angle)) < 1e-6
 
@@ -120,8 +122,10 @@ def test_rotary_rotates_half_pairs_by_hand():
   x = jnp.array([a, b, c, d]).reshape(1, 1, 1, 4)
   out = np.asarray(rotary(x, jnp.array([p]))).reshape(4)
   f = 0.01 * p
-  expected = [a * math.cos(p) - c * math.sin(p), b * math.cos(f) - d * math.sin(f),
-              c * math.cos(p) + a * math.sin(p), d * math.cos(f) + b * math.sin(f)]
+  expected = [
+      a * math.cos(p) - c * math.sin(p), b * math.cos(f) - d * math.sin(f),
+      c * math.cos(p) + a * math.sin(p), d * math.cos(f) + b * math.sin(f)
+  ]
   np.testing.assert_allclose(out, expected, atol=1e-6)
 
 
@@ -165,8 +169,9 @@ def test_rotary_keeps_bfloat16_dtype():
 
 
 def buckets(relative, bidirectional, num_buckets=32, max_distance=128):
-  return np.asarray(position.relative_position_bucket(
-      jnp.asarray(relative, jnp.int32), bidirectional, num_buckets, max_distance))
+  return np.asarray(
+      position.relative_position_bucket(jnp.asarray(relative, jnp.int32), bidirectional,
+                                        num_buckets, max_distance))
 
 
 def test_bidirectional_buckets_by_hand():
@@ -175,31 +180,44 @@ def test_bidirectional_buckets_by_hand():
   Keys before the query (relative < 0) use buckets 0..15, keys after it 16..31. For n >= 8 the
   bucket is 8 + floor(log(n / 8) / log(128 / 8) * 8), capped at 15.
   """
-  relative = [0, -1, -7, -8, -12, -16, -20, -64, -100, -128, -1000,
-              1, 7, 8, 16, 128]
-  expected = [0, 1, 7,
-              8,   # log(1) = 0
-              9,   # log(1.5)/log(16) * 8 = 1.17
-              10,  # log(2)/log(16) * 8 = 2
-              10,  # log(2.5)/log(16) * 8 = 2.64
-              14,  # log(8)/log(16) * 8 = 6
-              15,  # log(12.5)/log(16) * 8 = 7.29
-              15,  # 8 + 8 = 16, capped at 15
-              15,
-              16 + 1, 16 + 7, 16 + 8, 16 + 10, 16 + 15]
+  relative = [0, -1, -7, -8, -12, -16, -20, -64, -100, -128, -1000, 1, 7, 8, 16, 128]
+  expected = [
+      0,
+      1,
+      7,
+      8,  # log(1) = 0
+      9,  # log(1.5)/log(16) * 8 = 1.17
+      10,  # log(2)/log(16) * 8 = 2
+      10,  # log(2.5)/log(16) * 8 = 2.64
+      14,  # log(8)/log(16) * 8 = 6
+      15,  # log(12.5)/log(16) * 8 = 7.29
+      15,  # 8 + 8 = 16, capped at 15
+      15,
+      16 + 1,
+      16 + 7,
+      16 + 8,
+      16 + 10,
+      16 + 15
+  ]
   np.testing.assert_array_equal(buckets(relative, True), expected)
 
 
 def test_causal_buckets_by_hand():
   """Causal: all 32 buckets describe the past (16 exact, 16 log-spaced); the future is 0."""
   relative = [0, -1, -15, -16, -32, -100, -128, -500, 1, 5, 100]
-  expected = [0, 1, 15,
-              16,  # log(1) = 0
-              21,  # log(2)/log(8) * 16 = 5.33
-              30,  # log(6.25)/log(8) * 16 = 14.1
-              31,  # 16 + 16 = 32, capped at 31
-              31,
-              0, 0, 0]
+  expected = [
+      0,
+      1,
+      15,
+      16,  # log(1) = 0
+      21,  # log(2)/log(8) * 16 = 5.33
+      30,  # log(6.25)/log(8) * 16 = 14.1
+      31,  # 16 + 16 = 32, capped at 31
+      31,
+      0,
+      0,
+      0
+  ]
   np.testing.assert_array_equal(buckets(relative, False), expected)
 
 

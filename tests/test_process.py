@@ -16,8 +16,11 @@ SCRIPT = ('from transformer_jax.cli import process\nprocess.setup_allocator()\ni
 
 
 def run_script(tmp_path, **env_overrides):
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('TRANSFORMER_JAX_ALLOCATOR', 'MALLOC_CONF', 'LD_PRELOAD', 'GLIBC_TUNABLES')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('TRANSFORMER_JAX_ALLOCATOR', 'MALLOC_CONF', 'LD_PRELOAD', 'GLIBC_TUNABLES')
+  }
   env.update(env_overrides, PYTHONPATH=REPO)
   script = tmp_path / 'entry.py'  # a script, as entry points are (`-c` cannot be re-executed)
   script.write_text(SCRIPT)
@@ -41,19 +44,22 @@ def test_user_choices_are_kept(tmp_path):
   if process.find_jemalloc():
     assert run_script(tmp_path, MALLOC_CONF='retain:true')[2] == 'retain:true'
   else:
-    assert run_script(tmp_path, GLIBC_TUNABLES='glibc.malloc.arena_max=2')[3] == (
-        'glibc.malloc.arena_max=2')
+    assert run_script(tmp_path,
+                      GLIBC_TUNABLES='glibc.malloc.arena_max=2')[3] == ('glibc.malloc.arena_max=2')
 
 
-CACHE_SCRIPT = (
-    'from transformer_jax.cli import process\nprint(process.enable_compilation_cache(), flush=True)\n'
-    'import jax\njax.config.update("jax_persistent_cache_min_compile_time_secs", 0)\n'
-    'print(int(jax.jit(lambda x: x * 3 + 1)(2)))')
+CACHE_SCRIPT = ('from transformer_jax.cli import process\n'
+                'print(process.enable_compilation_cache(), flush=True)\n'
+                'import jax\njax.config.update("jax_persistent_cache_min_compile_time_secs", 0)\n'
+                'print(int(jax.jit(lambda x: x * 3 + 1)(2)))')
 
 
 def run_cache_script(tmp_path, **env_overrides) -> list[str]:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith('JAX_') and k != 'TRANSFORMER_JAX_COMPILATION_CACHE'}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if not k.startswith('JAX_') and k != 'TRANSFORMER_JAX_COMPILATION_CACHE'
+  }
   env.update(env_overrides, PYTHONPATH=REPO, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=str(tmp_path))
   return subprocess.run([sys.executable, '-c', CACHE_SCRIPT], env=env, capture_output=True,
                         text=True, check=True, timeout=120).stdout.splitlines()

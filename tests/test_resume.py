@@ -15,7 +15,6 @@ from benchmarks import resume
 
 pytestmark = pytest.mark.slow
 
-
 # Only one checkpoint on disk at a time: a SIGKILL between deleting the old one and committing
 # the new one would leave none (the rerun would start from scratch and the test fail).
 KEEP_ONE = {'train.keep_checkpoints': 1}
@@ -57,13 +56,15 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
   port = 20000 + os.getpid() % 20000
   processes, logs = [], []
   for index in range(2):
-    env = resume.environment({'JAX_COORDINATOR_ADDRESS': f'localhost:{port}',
-                              'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': str(index),
-                              'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo'})
+    env = resume.environment({
+        'JAX_COORDINATOR_ADDRESS': f'localhost:{port}', 'JAX_NUM_PROCESSES': '2',
+        'JAX_PROCESS_ID': str(index), 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo'
+    })
     logs.append(str(tmp_path / f'log{index}'))
     with open(logs[-1], 'w') as log:
-      processes.append(subprocess.Popen(cmd, cwd=resume.REPO_ROOT, env=env, stderr=log,
-                                        stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL))
+      processes.append(
+          subprocess.Popen(cmd, cwd=resume.REPO_ROOT, env=env, stderr=log,
+                           stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL))
   try:
     deadline = time.time() + 600
     while True:
@@ -71,8 +72,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
         steps = resume.PROGRESS.findall(f.read())
       if steps and int(steps[-1][0]) >= 3:
         break
-      assert time.time() < deadline and all(p.poll() is None for p in processes), (
-          open(logs[1]).read()[-3000:])
+      assert time.time() < deadline and all(p.poll() is None for p in processes), (open(
+          logs[1]).read()[-3000:])
       time.sleep(0.2)
     processes[1].send_signal(signal.SIGTERM)
     codes = [p.wait(timeout=600) for p in processes]

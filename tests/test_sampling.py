@@ -1,4 +1,5 @@
-"""Tests for sampling in transformer_jax.inference.search: temperature, top-k, top-p, EOS, determinism.
+"""Tests for sampling in transformer_jax.inference.search: temperature, top-k, top-p, EOS,
+determinism.
 
 The toy models return fixed logits (one row per batch element), so every draw of a long
 batch is an independent sample of a known distribution.
@@ -21,6 +22,7 @@ def fixed_model(logits):
 
   def tokens_to_logits(tokens, cache):
     return jnp.broadcast_to(logits, (tokens.shape[0], logits.shape[0])), cache
+
   return tokens_to_logits
 
 
@@ -31,8 +33,8 @@ def table_model(table, tokens, cache):
 
 
 def draw(logits, rows, steps, seed=0, **kwargs):
-  out = search.sample(fixed_model(logits), {}, jax.random.key(seed),
-                        first_tokens=jnp.zeros((rows,), jnp.int32), max_len=steps, **kwargs)
+  out = search.sample(fixed_model(logits), {}, jax.random.key(seed), first_tokens=jnp.zeros(
+      (rows,), jnp.int32), max_len=steps, **kwargs)
   return np.asarray(out)
 
 
@@ -54,14 +56,16 @@ def test_top_k_never_leaves_the_k_most_likely():
       assert len(seen) > 1
 
 
-@pytest.mark.parametrize('top_p, kept_ids', [
-    (0.3, [3]),           # 0.5 alone reaches 0.3
-    (0.6, [3, 0]),        # 0.5 < 0.6 <= 0.75
-    (0.8, [3, 0, 4]),     # 0.75 < 0.8 <= 0.9
-    (0.95, [3, 0, 4, 1]),  # 0.9 < 0.95 <= 0.97
-    (0.99, [3, 0, 4, 1, 2]),
-    (1.0, [3, 0, 4, 1, 2]),
-])
+@pytest.mark.parametrize(
+    'top_p, kept_ids',
+    [
+        (0.3, [3]),  # 0.5 alone reaches 0.3
+        (0.6, [3, 0]),  # 0.5 < 0.6 <= 0.75
+        (0.8, [3, 0, 4]),  # 0.75 < 0.8 <= 0.9
+        (0.95, [3, 0, 4, 1]),  # 0.9 < 0.95 <= 0.97
+        (0.99, [3, 0, 4, 1, 2]),
+        (1.0, [3, 0, 4, 1, 2]),
+    ])
 def test_top_p_keeps_the_smallest_set_reaching_p(top_p, kept_ids):
   probs = np.asarray(search.sampling_distribution(LOGITS, 1.0, 0, top_p))
   expected = np.zeros_like(PROBS)
@@ -118,17 +122,17 @@ def test_low_temperature_is_greedy(temperature):
   cache = {'step': jnp.array(0, jnp.int32)}
   model = lambda t, c: table_model(table, t, c)
   sampled = search.sample(model, cache, jax.random.key(3), first_tokens=first, max_len=6,
-                            temperature=temperature, eos_id=None)
+                          temperature=temperature, eos_id=None)
   np.testing.assert_array_equal(np.asarray(sampled), _greedy_path(table, first))
   # The same with temperature traced under jit (no Python-level shortcut).
   jitted = jax.jit(lambda t: search.sample(model, cache, jax.random.key(3), first_tokens=first,
-                                             max_len=6, temperature=t))(jnp.float32(temperature))
+                                           max_len=6, temperature=t))(jnp.float32(temperature))
   np.testing.assert_array_equal(np.asarray(jitted), _greedy_path(table, first))
   # And greedy_search agrees when every row starts from the same token.
   same = jnp.zeros((4,), jnp.int32)
   greedy = search.greedy_search(model, cache, batch_size=4, max_len=6, start_id=0, eos_id=-1)
   sampled = search.sample(model, cache, jax.random.key(0), first_tokens=same, max_len=6,
-                            temperature=temperature)
+                          temperature=temperature)
   np.testing.assert_array_equal(np.asarray(sampled), np.asarray(greedy))
 
 
@@ -141,8 +145,8 @@ def test_same_rng_same_samples_different_rng_different():
   assert not np.array_equal(a, c)
   # Rows are independent draws, not copies of one another.
   assert len({tuple(r) for r in a.tolist()}) == 4
-  jitted = jax.jit(lambda key: search.sample(
-      fixed_model(logits), {}, key, first_tokens=jnp.zeros((4,), jnp.int32), max_len=16))
+  jitted = jax.jit(lambda key: search.sample(fixed_model(logits), {}, key, first_tokens=jnp.zeros(
+      (4,), jnp.int32), max_len=16))
   np.testing.assert_array_equal(np.asarray(jitted(jax.random.key(7))), a)
 
 
@@ -173,9 +177,8 @@ def test_sampling_stops_early_when_every_row_has_ended():
     jax.debug.callback(lambda: calls.append(1))
     return jnp.broadcast_to(logits, (tokens.shape[0], 4)), cache
 
-  out = jax.jit(lambda key: search.sample(
-      counting_model, {}, key, first_tokens=jnp.zeros((3,), jnp.int32), max_len=10,
-      eos_id=EOS))(jax.random.key(0))
+  out = jax.jit(lambda key: search.sample(counting_model, {}, key, first_tokens=jnp.zeros(
+      (3,), jnp.int32), max_len=10, eos_id=EOS))(jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(out), [[EOS] + [PAD] * 9] * 3)
   jax.effects_barrier()
   assert len(calls) == 1

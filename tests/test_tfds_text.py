@@ -64,6 +64,7 @@ def test_unknown_dataset():
 
 
 def test_missing_data_gives_advice(monkeypatch):
+
   def fail(*args, **kwargs):
     raise AssertionError('Dataset wmt14_translate: could not find data in /nowhere.\n'
                          'Please make sure to call dataset_builder.download_and_prepare()')
@@ -82,6 +83,5 @@ def test_import_does_not_load_tensorflow():
           'transformer_jax.data.text, transformer_jax.data.numbers; '
           'print("tensorflow" in sys.modules)')
   result = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True,
-                          text=True, check=True,
-                          env={**os.environ, 'PYTHONPATH': REPO_ROOT})
+                          text=True, check=True, env={**os.environ, 'PYTHONPATH': REPO_ROOT})
   assert result.stdout.strip() == 'False'

@@ -87,9 +87,11 @@ def test_training_is_deterministic_and_atomic(sentences, tmp_path):
 
 
 def test_max_sentences_samples_with_seed(sentences, tmp_path):
+
   def train(seed, name):
     return tok_lib.train_tokenizer(sentences, str(tmp_path / name), 300, max_sentences=300,
                                    seed=seed).serialized_proto
+
   assert train(0, 'a.model') == train(0, 'b.model')
   assert train(0, 'a.model') != train(1, 'c.model')
 

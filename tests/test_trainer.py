@@ -49,11 +49,13 @@ def assert_trees_equal(a, b):
 
 
 def trees_equal(a, b) -> bool:
-  return all(np.array_equal(np.asarray(x), np.asarray(y))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return all(
+      np.array_equal(np.asarray(x), np.asarray(y))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 # -- learning and resumption with the translation task -------------------------------------------
+
 
 @pytest.mark.slow
 def test_tiny_model_learns_numbers_translation_and_reports_bleu(tiny_config, tmp_path):
@@ -112,44 +114,44 @@ def test_resumed_run_matches_uninterrupted_run_bitwise(tiny_config, tmp_path, nu
   caplog.set_level(logging.INFO, logger='absl')
   resumed_dir, reference_dir = tmp_path / 'resumed', tmp_path / 'reference'
 
-  first, _, first_data = train_translation(
-      resume_config(tiny_config, 20), resumed_dir, numbers_train_pairs)
+  first, _, first_data = train_translation(resume_config(tiny_config, 20), resumed_dir,
+                                           numbers_train_pairs)
   assert first['step'] == 20
   assert sorted(os.listdir(resumed_dir / 'checkpoints')) == ['10', '20']
   caplog.clear()
-  second, resumed_state, resumed_data = train_translation(
-      resume_config(tiny_config, 40), resumed_dir, numbers_train_pairs)
+  second, resumed_state, resumed_data = train_translation(resume_config(tiny_config, 40),
+                                                          resumed_dir, numbers_train_pairs)
   assert 'restored checkpoint at step 20' in caplog.text
   assert second['step'] == 40
   # The second run logged steps 25..40 only: it did not start again from step 0.
   assert train_steps_logged(resumed_dir) == [5, 10, 15, 20, 25, 30, 35, 40]
 
-  _, reference_state, reference_data = train_translation(
-      resume_config(tiny_config, 40), reference_dir, numbers_train_pairs)
+  _, reference_state, reference_data = train_translation(resume_config(tiny_config, 40),
+                                                         reference_dir, numbers_train_pairs)
   assert int(resumed_state.step) == int(reference_state.step) == 40
   assert resumed_data == reference_data != first_data
   assert_trees_equal(resumed_state.params, reference_state.params)
   assert_trees_equal(resumed_state.opt_state, reference_state.opt_state)
   # The logged training losses after the resume point agree too.
   resumed = {r['step']: r['train/loss'] for r in read_metrics(resumed_dir) if 'train/loss' in r}
-  reference = {r['step']: r['train/loss'] for r in read_metrics(reference_dir)
-               if 'train/loss' in r}
+  reference = {r['step']: r['train/loss'] for r in read_metrics(reference_dir) if 'train/loss' in r}
   assert resumed == reference
 
 
 # -- non-finite steps ----------------------------------------------------------------------------
 
-def toy_loss_fn(params, batch, rng, deterministic):  # pylint: disable=unused-argument
+
+def toy_loss_fn(params, batch, rng, deterministic):
   """Least squares on batch['x']; a negative entry in x poisons the step with NaN."""
   x = batch['x'].astype(jnp.float32)
   poison = jnp.where(jnp.any(x < 0), jnp.nan, 1.0)
   residual = x @ params['w'] + params['b'] - 2.0
-  loss = jnp.mean(residual ** 2) * poison
+  loss = jnp.mean(residual**2) * poison
   rows = jnp.float32(x.shape[0])
   return loss, {'loss': loss * rows, 'weight': rows}
 
 
-def sqrt_loss_fn(params, batch, rng, deterministic):  # pylint: disable=unused-argument
+def sqrt_loss_fn(params, batch, rng, deterministic):
   """Finite loss whose gradient is NaN where x is 0 (d sqrt(|w x|)/dw at w x = 0)."""
   x = batch['x'].astype(jnp.float32)
   loss = jnp.sum(jnp.sqrt(jnp.abs(x @ params['w'])))
@@ -161,10 +163,13 @@ def toy_state(tx):
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-@pytest.mark.parametrize('loss_fn, bad_x', [
-    (toy_loss_fn, -np.ones((2, 4), np.int32)),   # NaN loss (and gradient)
-    (sqrt_loss_fn, np.zeros((2, 4), np.int32)),  # finite loss, NaN gradient
-], ids=['nan_loss', 'nan_gradient'])
+@pytest.mark.parametrize(
+    'loss_fn, bad_x',
+    [
+        (toy_loss_fn, -np.ones((2, 4), np.int32)),  # NaN loss (and gradient)
+        (sqrt_loss_fn, np.zeros((2, 4), np.int32)),  # finite loss, NaN gradient
+    ],
+    ids=['nan_loss', 'nan_gradient'])
 def test_train_step_skips_non_finite_updates(loss_fn, bad_x):
   """A non-finite loss or gradient leaves params and optimizer state untouched and reports
   skipped=1; a finite step updates them and reports skipped=0."""
@@ -181,8 +186,8 @@ def test_train_step_skips_non_finite_updates(loss_fn, bad_x):
 
   after_bad, metrics = step_fn(after_good, {'x': bad_x})
   assert int(metrics['skipped']) == 1
-  assert not np.isfinite(float(metrics['grad_norm'])) or not np.isfinite(
-      float(metrics['loss_mean']))
+  assert not np.isfinite(float(metrics['grad_norm'])) or not np.isfinite(float(
+      metrics['loss_mean']))
   assert_trees_equal(after_bad.params, after_good.params)
   assert_trees_equal(after_bad.opt_state, after_good.opt_state)
   assert int(after_bad.step) == 2  # the step counter (and dropout key) still moves on
@@ -197,7 +202,7 @@ class ToyTask:
   def loss_fn(self, params, batch, rng, deterministic):
     return toy_loss_fn(params, {'x': batch['inputs']}, rng, deterministic)
 
-  def evaluate(self, context, params, step):  # pylint: disable=unused-argument
+  def evaluate(self, context, params, step):
     return {}
 
 
@@ -227,8 +232,9 @@ class ScriptedData:
 def toy_trainer_config(**train):
   config = base_config()
   config.optimizer.update(dict(schedule='constant', learning_rate=0.05, warmup_steps=0))
-  config.train.update(dict(num_steps=100, log_every=1, eval_every=0, checkpoint_every=2,
-                           max_nonfinite=3, keep_checkpoints=5))
+  config.train.update(
+      dict(num_steps=100, log_every=1, eval_every=0, checkpoint_every=2, max_nonfinite=3,
+           keep_checkpoints=5))
   config.train.update(train)
   return config
 
@@ -268,13 +274,17 @@ def test_consecutive_non_finite_steps_stop_with_user_error_and_keep_checkpoint(t
 
 # -- checkpoints ---------------------------------------------------------------------------------
 
+
 def make_state(seed: int) -> TrainState:
   """A TrainState with random params and a non-trivial Adam state."""
   rng = np.random.default_rng(seed)
-  params = {'dense': {'kernel': jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
-                      'bias': jnp.asarray(rng.normal(size=(4,)), jnp.float32)},
-            'scale': jnp.asarray(rng.normal(size=()), jnp.float32),
-            'table': jnp.asarray(rng.normal(size=(5, 2)), jnp.bfloat16)}
+  params = {
+      'dense': {
+          'kernel': jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+          'bias': jnp.asarray(rng.normal(size=(4,)), jnp.float32)
+      }, 'scale': jnp.asarray(rng.normal(size=()), jnp.float32),
+      'table': jnp.asarray(rng.normal(size=(5, 2)), jnp.bfloat16)
+  }
   tx = optax.adam(1e-2)
   opt_state = tx.init(params)
   grads = jax.tree.map(jnp.ones_like, params)
@@ -364,8 +374,8 @@ def test_average_params_is_the_mean_of_the_checkpoints(tmp_path):
     for step, state in states.items():
       checkpointer.maybe_save(step, state, {'epoch': 0, 'position': step})
     checkpointer.wait()
-    averaged = checkpointing.average_params(
-        checkpointer, checkpointing.abstract_like(states[1]), [1, 3])
+    averaged = checkpointing.average_params(checkpointer, checkpointing.abstract_like(states[1]),
+                                            [1, 3])
     with pytest.raises(ValueError, match='could not be restored'):
       checkpointing.average_params(checkpointer, checkpointing.abstract_like(states[1]), [1, 9])
   finally:
@@ -379,6 +389,7 @@ def test_average_params_is_the_mean_of_the_checkpoints(tmp_path):
 
 # -- preemption (SIGTERM) through the command line -----------------------------------------------
 
+
 def read_lines_in_background(stream) -> queue.Queue:
   lines: queue.Queue = queue.Queue()
 
@@ -386,6 +397,7 @@ def read_lines_in_background(stream) -> queue.Queue:
     for line in stream:
       lines.put(line)
     lines.put(None)
+
   threading.Thread(target=pump, daemon=True).start()
   return lines
 
@@ -395,8 +407,10 @@ def test_sigterm_checkpoints_exits_cleanly_and_rerun_resumes(translate_cli, tmp_
   """SIGTERM after the first progress line: exit status 0, a log line saying the checkpoint
   was written at step K, checkpoints/K on disk; rerunning the command restores step K."""
   workdir = str(tmp_path)
-  flags = translate_cli.tiny_flags({'train.num_steps': 100_000, 'train.log_every': 1,
-                                    'eval.bleu_sentences': 2, 'train.eval_max_batches': 1})
+  flags = translate_cli.tiny_flags({
+      'train.num_steps': 100_000, 'train.log_every': 1, 'eval.bleu_sentences': 2,
+      'train.eval_max_batches': 1
+  })
   process = translate_cli.popen(f'--workdir={workdir}', *flags)
   output = []
   try:
@@ -425,9 +439,12 @@ def test_sigterm_checkpoints_exits_cleanly_and_rerun_resumes(translate_cli, tmp_
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(step)))
   assert 'Traceback' not in log
 
-  rerun = translate_cli.run(f'--workdir={workdir}', *translate_cli.tiny_flags(
-      {'train.num_steps': step + 2, 'train.log_every': 1, 'eval.bleu_sentences': 2,
-       'train.eval_max_batches': 1}))
+  rerun = translate_cli.run(
+      f'--workdir={workdir}',
+      *translate_cli.tiny_flags({
+          'train.num_steps': step + 2, 'train.log_every': 1, 'eval.bleu_sentences': 2,
+          'train.eval_max_batches': 1
+      }))
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert f'restored checkpoint at step {step} ' in rerun.stderr
   assert f'step {step + 2}/{step + 2} |' in rerun.stderr
@@ -436,6 +453,7 @@ def test_sigterm_checkpoints_exits_cleanly_and_rerun_resumes(translate_cli, tmp_
 
 
 # -- learning-rate schedules ---------------------------------------------------------------------
+
 
 def optimizer_config(**values) -> ml_collections.ConfigDict:
   opt = ml_collections.ConfigDict(base_config().optimizer.to_dict())
@@ -447,8 +465,8 @@ def test_rsqrt_schedule_warms_up_linearly_peaks_at_warmup_then_decays_as_rsqrt()
   """rsqrt: linear rise to the peak `learning_rate` reached at the warmup_steps-th step
   (index warmup-1), then lr * sqrt(warmup / step)."""
   lr, warmup = 2e-3, 100
-  schedule = optim.make_schedule(optimizer_config(schedule='rsqrt', learning_rate=lr,
-                                                  warmup_steps=warmup))
+  schedule = optim.make_schedule(
+      optimizer_config(schedule='rsqrt', learning_rate=lr, warmup_steps=warmup))
   values = np.array([float(schedule(s)) for s in range(0, 8 * warmup)])
   assert int(np.argmax(values)) == warmup - 1
   assert values.max() == pytest.approx(lr, rel=1e-6)
@@ -463,9 +481,9 @@ def test_decaying_schedules_reach_end_learning_rate_at_decay_steps(name):
   """cosine/linear: peak lr at warmup_steps, monotone decay to end_learning_rate exactly at
   decay_steps, constant after."""
   lr, end, warmup, decay = 1e-3, 1e-5, 10, 200
-  schedule = optim.make_schedule(optimizer_config(
-      schedule=name, learning_rate=lr, warmup_steps=warmup, decay_steps=decay,
-      end_learning_rate=end))
+  schedule = optim.make_schedule(
+      optimizer_config(schedule=name, learning_rate=lr, warmup_steps=warmup, decay_steps=decay,
+                       end_learning_rate=end))
   values = np.array([float(schedule(s)) for s in range(0, decay + 50)])
   assert values[0] == pytest.approx(0.0, abs=1e-12)
   assert values[warmup] == pytest.approx(lr, rel=1e-5)
@@ -486,9 +504,9 @@ def test_cooldown_leaves_the_schedule_unchanged_then_falls_linearly_to_end_lr(na
   lr, warmup, decay, cooldown = 1e-3, 10, 200, 80
   plain = optim.make_schedule(optimizer_config(schedule=name, learning_rate=lr,
                                                warmup_steps=warmup))
-  cooled = optim.make_schedule(optimizer_config(
-      schedule=name, learning_rate=lr, warmup_steps=warmup, decay_steps=decay,
-      cooldown_steps=cooldown, end_learning_rate=0.0))
+  cooled = optim.make_schedule(
+      optimizer_config(schedule=name, learning_rate=lr, warmup_steps=warmup, decay_steps=decay,
+                       cooldown_steps=cooldown, end_learning_rate=0.0))
   start = decay - cooldown
   before = np.array([float(cooled(s)) for s in range(start + 1)])
   np.testing.assert_array_equal(before, [float(plain(s)) for s in range(start + 1)])
@@ -496,11 +514,12 @@ def test_cooldown_leaves_the_schedule_unchanged_then_falls_linearly_to_end_lr(na
   np.testing.assert_allclose(np.diff(during), -float(plain(start)) / cooldown, rtol=1e-4)
   assert float(cooled(decay)) == 0.0 and float(cooled(decay + 50)) == 0.0
   with pytest.raises(ConfigError, match=r'cooldown_steps \(195\) must end at decay_steps'):
-    optim.make_schedule(optimizer_config(schedule=name, warmup_steps=warmup, decay_steps=decay,
-                                         cooldown_steps=195))
+    optim.make_schedule(
+        optimizer_config(schedule=name, warmup_steps=warmup, decay_steps=decay, cooldown_steps=195))
   with pytest.raises(ConfigError, match='cooldown_steps applies to rsqrt and constant'):
-    optim.make_schedule(optimizer_config(schedule='cosine', warmup_steps=warmup,
-                                         decay_steps=decay, cooldown_steps=20))
+    optim.make_schedule(
+        optimizer_config(schedule='cosine', warmup_steps=warmup, decay_steps=decay,
+                         cooldown_steps=20))
 
 
 def test_optimizer_config_errors_name_the_problem():
@@ -515,11 +534,12 @@ def test_optimizer_config_errors_name_the_problem():
 
 # -- device mesh ---------------------------------------------------------------------------------
 
+
 def test_mesh_shape_resolves_minus_one_against_the_device_count():
   """{'data': -1} takes every device (here the single CPU); -1 takes what the others leave."""
   assert sharding.mesh_shape({'data': -1}, 1) == (1, 1, 1)
-  assert sharding.mesh_shape({'data': -1, 'fsdp': 1, 'tensor': 1}, len(jax.devices())) == (
-      len(jax.devices()), 1, 1)
+  assert sharding.mesh_shape({'data': -1, 'fsdp': 1, 'tensor': 1},
+                             len(jax.devices())) == (len(jax.devices()), 1, 1)
   assert sharding.mesh_shape({'data': -1, 'tensor': 2}, 8) == (4, 1, 2)
   assert sharding.mesh_shape({'data': 2, 'fsdp': -1}, 8) == (2, 4, 1)
   assert sharding.mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 2}, 8) == (2, 2, 2)
@@ -536,7 +556,7 @@ def test_mesh_shape_resolves_minus_one_against_the_device_count():
     ({'data': 0}, 1, r'does not fit 1 devices'),
 ])
 def test_mesh_shape_rejects_mismatched_shapes_with_a_clear_message(mesh_config, num_devices,
-                                                                    message):
+                                                                   message):
   """Mesh shapes that cannot tile the devices raise ConfigError saying why."""
   with pytest.raises(ConfigError, match=message):
     sharding.mesh_shape(mesh_config, num_devices)
@@ -559,7 +579,7 @@ def test_tensorboard_writer_leaves_torch_unimported_and_importable(tmp_path):
       'except ImportError:',  # a machine without torch: nothing to leave importable
       '  print(2.0)',
   ])
-  proc = subprocess.run([sys.executable, '-c', code, str(tmp_path)], capture_output=True,
-                        text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+  proc = subprocess.run([sys.executable, '-c', code, str(tmp_path)], capture_output=True, text=True,
+                        timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.split() == ['False', '1', '2.0']

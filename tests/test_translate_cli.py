@@ -26,8 +26,8 @@ def write_corpus(directory, prefix: str, en: bytes, de: bytes, compress: bool = 
 
 
 def files_flags(translate_cli, data_dir: str) -> list[str]:
-  return translate_cli.tiny_flags({'data.source': 'files', 'data.dir': data_dir,
-                                   'data.valid_prefix': 'val'})
+  return translate_cli.tiny_flags(
+      {'data.source': 'files', 'data.dir': data_dir, 'data.valid_prefix': 'val'})
 
 
 def assert_one_line_error(translate_cli, result, workdir: str, *expected: str):
@@ -76,8 +76,7 @@ def test_empty_corpus_is_one_error_line(translate_cli, tmp_path):
 
 def test_invalid_utf8_names_file_and_line(translate_cli, tmp_path):
   """A non-UTF-8 byte on line 2 of train.de: the message is 'PATH:2: invalid UTF-8'."""
-  data = write_corpus(tmp_path / 'data', 'train', b'one\ntwo\nthree\n',
-                      b'eins\nzw\xffei\ndrei\n')
+  data = write_corpus(tmp_path / 'data', 'train', b'one\ntwo\nthree\n', b'eins\nzw\xffei\ndrei\n')
   workdir = str(tmp_path / 'work')
   result = translate_cli.run(f'--workdir={workdir}', *files_flags(translate_cli, data))
   path = os.path.join(data, 'train.de')
@@ -96,8 +95,8 @@ def test_unknown_config_key_is_one_error_line(translate_cli, tmp_path):
 def test_width_not_divisible_by_heads_fails_before_training_a_tokenizer(translate_cli, tmp_path):
   """emb_dim=30 with 4 heads is rejected before the tokenizer is trained and saved."""
   workdir = str(tmp_path / 'work')
-  result = translate_cli.run(f'--workdir={workdir}', *translate_cli.tiny_flags(
-      {'model.emb_dim': 30, 'model.num_heads': 4}))
+  result = translate_cli.run(f'--workdir={workdir}',
+                             *translate_cli.tiny_flags({'model.emb_dim': 30, 'model.num_heads': 4}))
   assert_one_line_error(translate_cli, result, workdir, 'emb_dim=30',
                         'not divisible by num_heads=4')
 
@@ -125,8 +124,10 @@ def test_train_then_translate_stdin_then_evaluate_test_set(translate_cli, tmp_pa
   workdir) prints one line per stdin line; --mode=evaluate writes one hypothesis per test
   sentence to {test_prefix}.{tgt_lang}.hyp."""
   workdir = str(tmp_path / 'work')
-  train = translate_cli.run(f'--workdir={workdir}', *translate_cli.tiny_flags(
-      {'train.num_steps': 20, 'eval.bleu_sentences': 2, 'train.eval_max_batches': 1}))
+  train = translate_cli.run(
+      f'--workdir={workdir}',
+      *translate_cli.tiny_flags(
+          {'train.num_steps': 20, 'eval.bleu_sentences': 2, 'train.eval_max_batches': 1}))
   assert train.returncode == 0, train.stderr[-3000:]
   assert 'step 20/20 |' in train.stderr
   written = os.listdir(workdir)
@@ -158,5 +159,4 @@ def test_translate_mode_without_a_trained_workdir_is_one_error_line(translate_cl
   """--mode=translate in a fresh workdir (no --config) says there is nothing trained there."""
   workdir = str(tmp_path / 'work')
   result = translate_cli.run(f'--workdir={workdir}', '--mode=translate', stdin='hello\n')
-  assert_one_line_error(translate_cli, result, workdir, 'config.json',
-                        'is it a trained workdir')
+  assert_one_line_error(translate_cli, result, workdir, 'config.json', 'is it a trained workdir')

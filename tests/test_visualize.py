@@ -56,9 +56,11 @@ TARGET = np.asarray([[4, 5, 1, 0, 0], [4, 9, 9, 9, 1]], np.int32)
 def test_encoder_decoder_weights_sum_to_one_and_are_zero_where_masked():
   model, params = tiny_encoder_decoder()
   maps = visualize.collect_attention(model, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
-  assert list(maps) == ['encoder/layer_0/self_attention', 'encoder/layer_1/self_attention',
-                        'decoder/layer_0/self_attention', 'decoder/layer_0/cross_attention',
-                        'decoder/layer_1/self_attention', 'decoder/layer_1/cross_attention']
+  assert list(maps) == [
+      'encoder/layer_0/self_attention', 'encoder/layer_1/self_attention',
+      'decoder/layer_0/self_attention', 'decoder/layer_0/cross_attention',
+      'decoder/layer_1/self_attention', 'decoder/layer_1/cross_attention'
+  ]
   valid = SOURCE != 0
   for name, w in maps.items():
     assert w.dtype == np.float32 and np.all(w >= 0), name
@@ -71,13 +73,13 @@ def test_encoder_decoder_weights_sum_to_one_and_are_zero_where_masked():
     elif 'cross' in name:
       assert w.shape == (2, 2, 5, 7)
       np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
-      assert np.all(w[0, :, :, 4:] == 0.0)      # padded source tokens get no attention
+      assert np.all(w[0, :, :, 4:] == 0.0)  # padded source tokens get no attention
       assert np.all(w[0, :, :, :4] > 0.0)
     else:
       assert w.shape == (2, 2, 5, 5)
       np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
       future = np.triu(np.ones((5, 5), bool), k=1)
-      assert np.all(w[..., future] == 0.0)      # causal: no query sees a later token
+      assert np.all(w[..., future] == 0.0)  # causal: no query sees a later token
       assert np.all(w[..., ~future] > 0.0)
 
 
@@ -113,7 +115,7 @@ def test_gpt_weights_are_causal_and_labelled_with_the_characters():
 
 
 def test_lm_task_summary_images_skip_characters_the_vocabulary_lacks():
-  from transformer_jax.tasks.lm import LanguageModelTask  # pylint: disable=g-import-not-at-top
+  from transformer_jax.tasks.lm import LanguageModelTask
   model, params = tiny_gpt()
   tokenizer = lm_data.CharTokenizer(list(' abeinorst,.'))  # no 'T', 'h', 'q', 'u'
   task = LanguageModelTask(model.cfg, tokenizer=tokenizer)
@@ -127,9 +129,10 @@ def test_lm_task_summary_images_skip_characters_the_vocabulary_lacks():
 
 def test_bert_weights_see_only_the_real_tokens():
   """BERT masks keys only: every query, padding ones too, spreads its weight over real tokens."""
-  from transformer_jax.models.bert import Bert, bert_config  # pylint: disable=g-import-not-at-top
+  from transformer_jax.models.bert import Bert, bert_config
 
   class Vocabulary:
+
     def id_to_token(self, i):
       return {0: '[PAD]', 2: '[CLS]', 3: '[SEP]'}.get(i, f'w{i}')
 
@@ -141,8 +144,8 @@ def test_bert_weights_see_only_the_real_tokens():
   ids = [2, 7, 8, 9, 3, 0, 0]
   maps = visualize.encoder_attention(model, params, Vocabulary(), ids, jnp.zeros((1, 7), jnp.int32),
                                      method='encode')
-  assert [m.name for m in maps] == ['encoder/layer_0/self_attention',
-                                    'encoder/layer_1/self_attention']
+  assert [m.name for m in maps
+         ] == ['encoder/layer_0/self_attention', 'encoder/layer_1/self_attention']
   for amap in maps:
     assert amap.keys == ['[CLS]', 'w7', 'w8', 'w9', '[SEP]', '[PAD]', '[PAD]']
     np.testing.assert_allclose(amap.weights.sum(-1), 1.0, atol=1e-5)
@@ -150,7 +153,7 @@ def test_bert_weights_see_only_the_real_tokens():
 
 
 def test_scanned_layers_give_the_same_maps_as_unrolled_ones():
-  from transformer_jax.layers import scan_layout  # pylint: disable=g-import-not-at-top
+  from transformer_jax.layers import scan_layout
   model, params = tiny_gpt()
   scanned = GPT(model.cfg.replace(scan_layers=True))
   tokens = jnp.asarray([[3, 4, 5, 6, 7]], jnp.int32)
@@ -166,8 +169,7 @@ def test_scanned_layers_give_the_same_maps_as_unrolled_ones():
 
 def test_pictures_have_the_promised_pixel_size(tmp_path):
   model, params = tiny_encoder_decoder()
-  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[:1]),
-                                    jnp.asarray(TARGET[:1]))
+  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[:1]), jnp.asarray(TARGET[:1]))
   labels = [str(i) for i in range(7)]
   amap = visualize.AttentionMap('decoder/layer_0/cross_attention',
                                 raw['decoder/layer_0/cross_attention'][0], labels[:5], labels)
@@ -180,19 +182,19 @@ def test_pictures_have_the_promised_pixel_size(tmp_path):
   assert visualize.png_size(path) == (1600, 480)
   figure = visualize.plot_grid([amap, amap], 'two rows')
   image = visualize.figure_to_array(figure)
-  assert image.dtype == np.uint8 and image.shape == (
-      round(figure.get_figheight() * visualize.DPI), round(figure.get_figwidth() * visualize.DPI),
-      3)
+  assert image.dtype == np.uint8 and image.shape == (round(
+      figure.get_figheight() * visualize.DPI), round(figure.get_figwidth() * visualize.DPI), 3)
   assert image.std() > 10  # something was drawn
 
 
 @pytest.mark.slow
 def test_report_index_shows_every_picture(tmp_path):
   model, params = tiny_encoder_decoder()
-  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[1:]),
-                                    jnp.asarray(TARGET[1:]))
-  maps = [visualize.AttentionMap(name, w[0], [f'q{i}' for i in range(w.shape[2])],
-                                 [f'k{i}' for i in range(w.shape[3])]) for name, w in raw.items()]
+  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[1:]), jnp.asarray(TARGET[1:]))
+  maps = [
+      visualize.AttentionMap(name, w[0], [f'q{i}' for i in range(w.shape[2])],
+                             [f'k{i}' for i in range(w.shape[3])]) for name, w in raw.items()
+  ]
   index = visualize.write_attention_report(str(tmp_path), maps, title='t <&> "q"',
                                            description='source: x < y')
   pngs = sorted(n for n in os.listdir(tmp_path) if n.endswith('.png'))
@@ -227,7 +229,7 @@ def test_read_metrics_keeps_the_last_value_of_a_rewritten_step_and_plots(tmp_pat
 
 def read_image_events(directory: str) -> dict[str, list[tuple[int, int, int]]]:
   """{tag: [(step, width, height)]} of the image summaries in a TensorBoard event directory."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2
   images = {}
   for name in sorted(os.listdir(directory)):
     with open(os.path.join(directory, name), 'rb') as f:
@@ -247,11 +249,10 @@ def read_image_events(directory: str) -> dict[str, list[tuple[int, int, int]]]:
 @pytest.fixture(scope='module')
 def trained_translation(tmp_path_factory):
   """A tiny translation workdir trained for 30 steps, evaluated at steps 15 and 30."""
-  from tests.conftest import tiny_translate_config  # pylint: disable=g-import-not-at-top
-  from transformer_jax.workflows import translation  # pylint: disable=g-import-not-at-top
+  from tests.conftest import tiny_translate_config
+  from transformer_jax.workflows import translation
   workdir = str(tmp_path_factory.mktemp('viz') / 'work')
-  config = tiny_translate_config(train__num_steps=30, train__eval_every=15,
-                                 eval__bleu_sentences=2)
+  config = tiny_translate_config(train__num_steps=30, train__eval_every=15, eval__bleu_sentences=2)
   translation.train_and_evaluate(config, workdir)
   return workdir
 
@@ -259,8 +260,10 @@ def trained_translation(tmp_path_factory):
 @pytest.mark.slow
 def test_training_writes_attention_grids_to_tensorboard_at_every_eval(trained_translation):
   images = read_image_events(os.path.join(trained_translation, 'tensorboard'))
-  assert sorted(images) == ['attention/decoder/cross_attention',
-                            'attention/decoder/self_attention', 'attention/encoder/self_attention']
+  assert sorted(images) == [
+      'attention/decoder/cross_attention', 'attention/decoder/self_attention',
+      'attention/encoder/self_attention'
+  ]
   for tag, events in images.items():
     assert [step for step, _, _ in events] == [15, 30], tag
     assert all(width > 100 and height > 100 for _, width, height in events), tag
@@ -276,7 +279,7 @@ def run_cli(*flags):
 
 @pytest.mark.slow
 def test_cli_draws_every_layer_and_head_of_a_trained_workdir(trained_translation, tmp_path):
-  from transformer_jax.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data.tokenizer import Tokenizer
   out = str(tmp_path / 'pictures')
   source, target = 'she bought five flowers', 'sie kaufte fünf blumen'
   result = run_cli(f'--workdir={trained_translation}', f'--text={source}', f'--target={target}',
@@ -284,11 +287,14 @@ def test_cli_draws_every_layer_and_head_of_a_trained_workdir(trained_translation
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.strip() == f'10 pictures in {out}; open {out}/index.html'
   # 1 encoder + 1 decoder layer of 2 heads: encoder self, decoder self, cross; two grids.
-  expected = {f'{module}_head{h}.png' for h in (0, 1) for module in (
-      'encoder_layer_0_self_attention', 'decoder_layer_0_self_attention',
-      'decoder_layer_0_cross_attention')}
-  expected |= {'encoder_layer_0_grid.png', 'decoder_layer_0_grid.png', 'curves.png',
-               'positions.png'}
+  expected = {
+      f'{module}_head{h}.png' for h in (0, 1)
+      for module in ('encoder_layer_0_self_attention', 'decoder_layer_0_self_attention',
+                     'decoder_layer_0_cross_attention')
+  }
+  expected |= {
+      'encoder_layer_0_grid.png', 'decoder_layer_0_grid.png', 'curves.png', 'positions.png'
+  }
   assert set(os.listdir(out)) == expected | {'index.html'}
   with open(os.path.join(out, 'index.html'), encoding='utf-8') as f:
     page = f.read()

@@ -23,8 +23,7 @@ from transformer_jax.workflows import translation
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY_MODEL = dict(emb_dim=32, num_heads=2, mlp_dim=64, num_encoder_layers=1,
-                  num_decoder_layers=1)
+TINY_MODEL = dict(emb_dim=32, num_heads=2, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
 
 
 def shrink(config, *, vocab_size: int, num_steps: int = 3):
@@ -34,8 +33,8 @@ def shrink(config, *, vocab_size: int, num_steps: int = 3):
   config.data.max_len = 32
   config.data.overflow = 'truncate'
   config.data.batch_tokens = 512
-  config.train.update(dict(num_steps=num_steps, log_every=1, eval_every=0, checkpoint_every=0,
-                           eval_max_batches=1))
+  config.train.update(
+      dict(num_steps=num_steps, log_every=1, eval_every=0, checkpoint_every=0, eval_max_batches=1))
   config.eval.update(dict(bleu_sentences=2, test_prefix='', beam_size=2))
   return config
 
@@ -117,8 +116,8 @@ def test_wmt14_model_is_the_transformer_base_of_the_paper():
   cfg = model_config_from_dict(config.model, vocab_size=config.tokenizer.vocab_size,
                                max_len=config.data.max_len)
   tokens = jax.ShapeDtypeStruct((1, 8), 'int32')
-  variables = jax.eval_shape(lambda rng, x: EncoderDecoder(cfg).init(rng, x, x),
-                             jax.random.key(0), tokens)
+  variables = jax.eval_shape(lambda rng, x: EncoderDecoder(cfg).init(rng, x, x), jax.random.key(0),
+                             tokens)
   leaves = jax.tree.leaves(variables['params'])
   num_params = sum(math.prod(getattr(x, 'value', x).shape) for x in leaves)
   # The paper reports 65M with a 37k vocabulary; 32k shared embeddings give ~60.5M.

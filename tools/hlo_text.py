@@ -25,8 +25,9 @@ def parse(hlo: str) -> list[dict]:
     if match:
       name, shape, opcode, operands, rest = match.groups()
       op_name = _OP_NAME.search(rest)
-      result.append(dict(name=name, shape=shape, opcode=opcode, operands=operands, rest=rest,
-                         op_name=op_name.group(1) if op_name else '', computation=computation))
+      result.append(
+          dict(name=name, shape=shape, opcode=opcode, operands=operands, rest=rest,
+               op_name=op_name.group(1) if op_name else '', computation=computation))
   return result
 
 
@@ -57,8 +58,11 @@ def dots(hlo: str) -> list[dict]:
     if i['opcode'] != 'dot':
       continue
     lhs, rhs = (operand.strip().split()[-1].lstrip('%') for operand in i['operands'].split(','))
-    result.append(dict(
-        lhs=dims(shapes[lhs]), rhs=dims(shapes[rhs]), op_name=i['op_name'],
-        **{key: dimension_numbers(i['rest'], key) for key in (
-            'lhs_contracting_dims', 'rhs_contracting_dims', 'lhs_batch_dims', 'rhs_batch_dims')}))
+    result.append(
+        dict(
+            lhs=dims(shapes[lhs]), rhs=dims(shapes[rhs]), op_name=i['op_name'], **{
+                key: dimension_numbers(i['rest'], key)
+                for key in ('lhs_contracting_dims', 'rhs_contracting_dims', 'lhs_batch_dims',
+                            'rhs_batch_dims')
+            }))
   return result

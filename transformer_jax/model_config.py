@@ -30,12 +30,12 @@ class TransformerConfig:
   vocab_size: int = 8000
   # Encoder-decoder only: the source vocabulary (None: the same size as the target's).
   source_vocab_size: int | None = None
-  share_embeddings: bool = True     # source and target share one embedding table
-  tie_output: bool = True           # output logits use the (target) embedding matrix
+  share_embeddings: bool = True  # source and target share one embedding table
+  tie_output: bool = True  # output logits use the (target) embedding matrix
   emb_dim: int = 512
   num_heads: int = 8
-  num_kv_heads: int | None = None   # grouped-query attention (None: num_heads)
-  head_dim: int | None = None       # None: emb_dim // num_heads
+  num_kv_heads: int | None = None  # grouped-query attention (None: num_heads)
+  head_dim: int | None = None  # None: emb_dim // num_heads
   mlp_dim: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
@@ -43,21 +43,21 @@ class TransformerConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   norm_type: str = 'layernorm'
-  norm_position: str = 'post'       # 'post' = original Transformer/BERT, 'pre' = GPT-2/T5
+  norm_position: str = 'post'  # 'post' = original Transformer/BERT, 'pre' = GPT-2/T5
   norm_epsilon: float = 1e-6
-  embedding_norm: bool = False      # BERT normalises the summed embeddings
+  embedding_norm: bool = False  # BERT normalises the summed embeddings
   position: str = 'sinusoidal'
   relative_buckets: int = 32
   relative_max_distance: int = 128
   rotary_base: float = 10000.0
   activation: str = 'relu'
   use_bias: bool = True
-  scale_embeddings: bool = True     # multiply token embeddings by sqrt(emb_dim)
+  scale_embeddings: bool = True  # multiply token embeddings by sqrt(emb_dim)
   embed_init_std: float | None = None  # None = 1/sqrt(emb_dim); GPT-2 and BERT use 0.02
   attention_implementation: str = 'auto'
-  dtype: Any = jnp.float32          # compute dtype
+  dtype: Any = jnp.float32  # compute dtype
   param_dtype: Any = jnp.float32
-  decode: bool = False              # autoregressive decoding with a KV cache
+  decode: bool = False  # autoregressive decoding with a KV cache
   # Efficiency switches (blocks.TransformerStack): remat each layer with this policy; run the
   # identical layers as one nn.scan (params stacked under 'layers', see scan_layout.py).
   remat_policy: str = 'none'
@@ -85,9 +85,11 @@ class TransformerConfig:
 
   def validate(self) -> None:
     """Raises ConfigError, with what to change, for inconsistent values."""
+
     def check(ok, message):
       if not ok:
         raise ConfigError(f'model config: {message}')
+
     for name in ('vocab_size', 'emb_dim', 'num_heads', 'mlp_dim', 'max_len'):
       check(getattr(self, name) > 0, f'{name} must be positive, got {getattr(self, name)}')
     check(self.num_encoder_layers >= 0 and self.num_decoder_layers >= 0,
@@ -96,17 +98,20 @@ class TransformerConfig:
           'head_dim, num_kv_heads and source_vocab_size must be positive')
     check(self.num_heads % self.num_kv_heads == 0,
           f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}')
-    check(self.norm_type in NORM_TYPES, f'norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}')
+    check(self.norm_type in NORM_TYPES,
+          f'norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}')
     check(self.norm_position in NORM_POSITIONS,
           f'norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}')
     check(self.position in POSITION_TYPES,
           f'position must be one of {POSITION_TYPES}, got {self.position!r}')
     check(self.activation in ACTIVATIONS,
           f'activation must be one of {ACTIVATIONS}, got {self.activation!r}')
-    check(self.attention_implementation in ATTENTION_IMPLEMENTATIONS,
-          f'attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, '
-          f'got {self.attention_implementation!r}')
-    check(self.position != 'rotary' or self.head_dim % 2 == 0, 'rotary positions need an even head_dim')
+    check(
+        self.attention_implementation in ATTENTION_IMPLEMENTATIONS,
+        f'attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, '
+        f'got {self.attention_implementation!r}')
+    check(self.position != 'rotary' or self.head_dim % 2 == 0,
+          'rotary positions need an even head_dim')
     check(self.remat_policy in REMAT_POLICIES,
           f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,

@@ -35,10 +35,9 @@ from transformer_jax.files import write_atomically
 
 WEIGHTS_NAME = 'attention_weights'  # what MultiHeadAttention sows
 DPI = 100
-_CELL_INCHES = 0.26     # one token's row/column in a single-head heat map
+_CELL_INCHES = 0.26  # one token's row/column in a single-head heat map
 _MAX_MAP_INCHES = 14.0  # longer sequences get smaller cells (and every k-th label)
 _GRID_PANEL_INCHES = 2.4
-
 
 # ---------------------------------------------------------------------------------------------
 # Collecting attention weights from a model
@@ -47,10 +46,10 @@ _GRID_PANEL_INCHES = 2.4
 @dataclasses.dataclass
 class AttentionMap:
   """The weights of one attention module for one sequence, with what its axes mean."""
-  name: str                 # module path, e.g. 'decoder/layer_1/cross_attention'
-  weights: np.ndarray       # [H, T, S]; each row (a query) sums to 1 over the keys it may see
-  queries: list[str]        # T row labels
-  keys: list[str]           # S column labels
+  name: str  # module path, e.g. 'decoder/layer_1/cross_attention'
+  weights: np.ndarray  # [H, T, S]; each row (a query) sums to 1 over the keys it may see
+  queries: list[str]  # T row labels
+  keys: list[str]  # S column labels
   query_axis: str = 'query'
   key_axis: str = 'key'
 
@@ -88,8 +87,8 @@ def _sown_weights(model: nn.Module, params, args, method: str | None):
   return state['intermediates']
 
 
-def collect_attention(model: nn.Module, params, *args, method: str | None = None
-                      ) -> dict[str, np.ndarray]:
+def collect_attention(model: nn.Module, params, *args,
+                      method: str | None = None) -> dict[str, np.ndarray]:
   """{module path: float32 [B, H, T, S]} from one deterministic forward pass, in model order.
 
   `args` are the model's (or `method`'s, named by a string) positional inputs. The pass is
@@ -99,7 +98,7 @@ def collect_attention(model: nn.Module, params, *args, method: str | None = None
   with nn.logical_axis_rules(()):
     sown = _sown_weights(model, params, tuple(args), method)
   if jax.process_count() > 1:  # the output may be split over hosts: gather it everywhere
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils
     sown = multihost_utils.process_allgather(sown, tiled=True)
   sown = jax.device_get(sown)
   found = {}
@@ -143,7 +142,7 @@ class TokenLabeler:
     self._pieces = None
     proto = getattr(tokenizer, 'serialized_proto', None)
     if proto is not None:
-      import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+      import sentencepiece as spm
       processor = spm.SentencePieceProcessor()
       processor.LoadFromSerializedProto(proto)
       self._pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
@@ -154,11 +153,12 @@ class TokenLabeler:
       return [self.tokenizer.id_to_token(i) for i in ids]
     if self._pieces is None:  # a character vocabulary: no special ids
       chars = getattr(self.tokenizer, 'chars', None)
-      return [_visible(chars[i] if chars and 0 <= i < len(chars) else self.tokenizer.decode([i]))
-              for i in ids]
+      return [
+          _visible(chars[i] if chars and 0 <= i < len(chars) else self.tokenizer.decode([i]))
+          for i in ids
+      ]
     special = {PAD_ID: '<pad>', EOS_ID: '</s>', BOS_ID: '<s>', UNK_ID: '<unk>'}
-    return [special.get(i) or (self._pieces[i] if i < len(self._pieces) else '<unk>')
-            for i in ids]
+    return [special.get(i) or (self._pieces[i] if i < len(self._pieces) else '<unk>') for i in ids]
 
 
 def _crop(weights: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -169,8 +169,8 @@ def _crop(weights: np.ndarray, rows: int, cols: int) -> np.ndarray:
 # Model runs with labelled axes
 
 
-def translation_attention(model, params, src_tokenizer, tgt_tokenizer, source: str,
-                          target: str, max_len: int | None = None) -> list[AttentionMap]:
+def translation_attention(model, params, src_tokenizer, tgt_tokenizer, source: str, target: str,
+                          max_len: int | None = None) -> list[AttentionMap]:
   """Encoder self-, decoder self- and cross-attention of an `EncoderDecoder` for one pair.
 
   The target is teacher-forced (as in training): decoder position i reads the previous target
@@ -182,8 +182,8 @@ def translation_attention(model, params, src_tokenizer, tgt_tokenizer, source: s
   tgt = tgt_tokenizer.encode(target)[:max_len - 1] + [EOS_ID]
   src_labels, tgt_labels = TokenLabeler(src_tokenizer)(src), TokenLabeler(tgt_tokenizer)(tgt)
   read_labels = ['<s>'] + tgt_labels[:-1]
-  raw = collect_attention(model, params, jnp.asarray([src], jnp.int32),
-                          jnp.asarray([tgt], jnp.int32))
+  raw = collect_attention(model, params, jnp.asarray([src], jnp.int32), jnp.asarray([tgt],
+                                                                                    jnp.int32))
   maps = []
   for name, weights in raw.items():
     if name.startswith('encoder'):
@@ -196,11 +196,11 @@ def translation_attention(model, params, src_tokenizer, tgt_tokenizer, source: s
   return maps
 
 
-def lm_attention(model, params, tokenizer, text: str, *, ids: Sequence[int] | None = None
-                 ) -> list[AttentionMap]:
+def lm_attention(model, params, tokenizer, text: str, *,
+                 ids: Sequence[int] | None = None) -> list[AttentionMap]:
   """Causal self-attention of a `GPT` reading `text` (or the given token `ids`)."""
   if ids is None:
-    from transformer_jax.data import lm as lm_data  # pylint: disable=g-import-not-at-top
+    from transformer_jax.data import lm as lm_data
     ids = lm_data.prompt_ids(tokenizer, text)  # what generation feeds: EOS first for subwords
   ids = list(ids)
   if len(ids) > model.cfg.max_len:
@@ -208,8 +208,10 @@ def lm_attention(model, params, tokenizer, text: str, *, ids: Sequence[int] | No
                     f'{model.cfg.max_len}; shorten it')
   labels = TokenLabeler(tokenizer)(ids)
   raw = collect_attention(model, params, jnp.asarray([ids], jnp.int32))
-  return [AttentionMap(name, w[0], labels, labels, 'query token', 'key token')
-          for name, w in raw.items()]
+  return [
+      AttentionMap(name, w[0], labels, labels, 'query token', 'key token')
+      for name, w in raw.items()
+  ]
 
 
 def encoder_attention(model, params, tokenizer, ids: Sequence[int], *args,
@@ -219,10 +221,11 @@ def encoder_attention(model, params, tokenizer, ids: Sequence[int], *args,
   `args` are the model's further inputs after the token ids (e.g. segment ids).
   """
   labels = TokenLabeler(tokenizer)(ids)
-  raw = collect_attention(model, params, jnp.asarray([list(ids)], jnp.int32), *args,
-                          method=method)
-  return [AttentionMap(name, w[0], labels, labels, 'query token', 'key token')
-          for name, w in raw.items()]
+  raw = collect_attention(model, params, jnp.asarray([list(ids)], jnp.int32), *args, method=method)
+  return [
+      AttentionMap(name, w[0], labels, labels, 'query token', 'key token')
+      for name, w in raw.items()
+  ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,8 +233,8 @@ def encoder_attention(model, params, tokenizer, ids: Sequence[int], *args,
 
 
 def _new_figure(width: float, height: float):
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
   figure = Figure(figsize=(width, height), dpi=DPI, layout='constrained')
   FigureCanvasAgg(figure)
   return figure
@@ -277,14 +280,13 @@ def _tick_step(count: int, room_inches: float) -> int:
   return max(1, math.ceil(count * 0.11 / max(room_inches, 1e-3)))
 
 
-def _draw_map(ax, weights: np.ndarray, queries, keys, *, fontsize: float,
-              room: tuple[float, float], row_labels: bool = True, col_labels: bool = True):
+def _draw_map(ax, weights: np.ndarray, queries, keys, *, fontsize: float, room: tuple[float, float],
+              row_labels: bool = True, col_labels: bool = True):
   """One [T, S] panel, scaled to its own maximum (a diffuse head stays visible)."""
   image = ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=max(float(weights.max()), 1e-6),
                     aspect='auto', interpolation='nearest')
-  for axis, labels, show, inches, setter in (
-      ('y', queries, row_labels, room[1], ax.set_yticks),
-      ('x', keys, col_labels, room[0], ax.set_xticks)):
+  for axis, labels, show, inches, setter in (('y', queries, row_labels, room[1], ax.set_yticks),
+                                             ('x', keys, col_labels, room[0], ax.set_xticks)):
     if show:
       step = _tick_step(len(labels), inches)
       positions = list(range(0, len(labels), step))
@@ -362,8 +364,8 @@ def group_by_kind(maps: Sequence[AttentionMap]) -> dict[str, list[AttentionMap]]
   return groups
 
 
-def overview_images(maps: Sequence[AttentionMap], prefix: str = 'attention'
-                    ) -> dict[str, np.ndarray]:
+def overview_images(maps: Sequence[AttentionMap],
+                    prefix: str = 'attention') -> dict[str, np.ndarray]:
   """{tag: uint8 HWC image}: one layers x heads grid per stack and attention type, for
   TensorBoard (`add_image(tag, image, step, dataformats='HWC')`)."""
   images = {}
@@ -404,16 +406,17 @@ def write_attention_report(out_dir: str, maps: Sequence[AttentionMap], *, title:
       '<style>body{font-family:sans-serif;margin:1.5em} img{max-width:100%;border:1px solid #ddd}'
       ' figure{display:inline-block;margin:0.4em;vertical-align:top}'
       ' figcaption{font-size:0.8em;color:#444}</style>', '</head><body>',
-      f'<h1>{html.escape(title)}</h1>']
+      f'<h1>{html.escape(title)}</h1>'
+  ]
   if description:
-    page.append('<p>' + '<br>'.join(html.escape(line) for line in description.splitlines())
-                + '</p>')
+    page.append('<p>' + '<br>'.join(html.escape(line) for line in description.splitlines()) +
+                '</p>')
   for caption, name in extra:
     page.append(f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
                 f'<figcaption>{html.escape(caption)}</figcaption></figure><br>')
   if sections:
-    links = ', '.join(f'<a href="#{html.escape(layer)}">{html.escape(layer)}</a>'
-                      for layer, _, _ in sections)
+    links = ', '.join(
+        f'<a href="#{html.escape(layer)}">{html.escape(layer)}</a>' for layer, _, _ in sections)
     page.append('<p>Rows are queries, columns the keys they attend to; each row sums to 1. '
                 f'Each picture is scaled to its own maximum. Layers: {links}.</p>')
   for layer, grid, heads in sections:
@@ -436,19 +439,18 @@ def write_attention_report(out_dir: str, maps: Sequence[AttentionMap], *, title:
 def plot_positions(length: int = 100, width: int = 128, base: float = 10000.0):
   """The sinusoidal encoding matrix, a few of its dimensions as waves, and the dot product of
   every pair of positions (high near the diagonal: nearby positions look alike)."""
-  from transformer_jax.layers.position import sinusoidal_table  # pylint: disable=g-import-not-at-top
+  from transformer_jax.layers.position import sinusoidal_table
   table = sinusoidal_table(length, width, base)
   figure = _new_figure(16.0, 4.8)
   left, middle, right = figure.subplots(1, 3, width_ratios=[1.25, 1.0, 1.0])
-  image = left.imshow(table, cmap='RdBu_r', vmin=-1, vmax=1, aspect='auto',
-                      interpolation='nearest')
+  image = left.imshow(table, cmap='RdBu_r', vmin=-1, vmax=1, aspect='auto', interpolation='nearest')
   left.set_xlabel('encoding dimension (even: sin, odd: cos)')
   left.set_ylabel('position')
   left.set_title(f'sinusoidal position encoding ({length} positions x {width} dims)')
   figure.colorbar(image, ax=left, shrink=0.85)
   dims = sorted({d - d % 2 for d in (0, width // 8, width // 4, width // 2) if d < width})
   for d in dims:
-    period = 2 * math.pi * base ** (d / width)
+    period = 2 * math.pi * base**(d / width)
     middle.plot(np.arange(length), table[:, d], label=f'dim {d} (period {period:,.0f})')
   middle.set_xlabel('position')
   middle.set_ylabel('value')
@@ -479,8 +481,9 @@ def read_metrics(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
       for key, value in record.items():
         if key != 'step' and isinstance(value, (int, float)) and step is not None:
           series[key][int(step)] = float(value)
-  return {k: (np.asarray(sorted(v)), np.asarray([v[s] for s in sorted(v)]))
-          for k, v in series.items()}
+  return {
+      k: (np.asarray(sorted(v)), np.asarray([v[s] for s in sorted(v)])) for k, v in series.items()
+  }
 
 
 def plot_curves(metrics: dict[str, tuple[np.ndarray, np.ndarray]], title: str = ''):
@@ -506,7 +509,7 @@ def plot_curves(metrics: dict[str, tuple[np.ndarray, np.ndarray]], title: str = 
         ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3, label=key)
     values = np.concatenate([metrics[k][1] for k in keys if k in metrics])
     if log_scale and np.all(values > 0) and values.max() > 20 * values.min():
-      from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+      from matplotlib import ticker
       ax.set_yscale('log')
       ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
       ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))

@@ -8,10 +8,10 @@ from transformer_jax.models.bert import BERT_ARCHITECTURE
 
 def _bert_adamw(config, *, learning_rate: float, warmup_steps: int, decay_steps: int):
   """BERT's AdamW: warmup then linear decay to 0, betas (0.9, 0.999), eps 1e-6, decay 0.01."""
-  config.optimizer.update(dict(
-      schedule='linear', learning_rate=learning_rate, warmup_steps=warmup_steps,
-      decay_steps=decay_steps, end_learning_rate=0.0, b1=0.9, b2=0.999, eps=1e-6,
-      weight_decay=0.01, grad_clip_norm=1.0))
+  config.optimizer.update(
+      dict(schedule='linear', learning_rate=learning_rate, warmup_steps=warmup_steps,
+           decay_steps=decay_steps, end_learning_rate=0.0, b1=0.9, b2=0.999, eps=1e-6,
+           weight_decay=0.01, grad_clip_norm=1.0))
 
 
 def pretrain_config() -> ml_collections.ConfigDict:
@@ -19,38 +19,38 @@ def pretrain_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.mode = 'pretrain'
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'files'        # 'files' (local text) or 'tfds'
+  config.data.source = 'files'  # 'files' (local text) or 'tfds'
   # 'files': comma-separated UTF-8 text files (.gz ok); one sentence per line, documents
   # separated by blank lines; data.lines_per_document > 0 cuts files without blank lines.
   config.data.paths = ''
   config.data.lines_per_document = 0
-  config.data.valid_fraction = 0.02   # 'files': documents held out for evaluation
-  config.data.tfds_name = ''          # 'tfds': e.g. 'wikipedia/20230601.en'
+  config.data.valid_fraction = 0.02  # 'files': documents held out for evaluation
+  config.data.tfds_name = ''  # 'tfds': e.g. 'wikipedia/20230601.en'
   config.data.tfds_feature = 'text'
   config.data.tfds_data_dir = ''
   config.data.train_split = 'train'
   config.data.valid_split = 'validation'
   config.data.max_train_examples = 0
   config.data.max_valid_examples = 0
-  config.data.max_len = 128           # tokens per sequence, [CLS] and [SEP]s included
-  config.data.max_predictions = 20    # masked positions scored per sequence (15% of 128 = 19)
-  config.data.mask_rate = 0.15        # selected tokens: 80% [MASK], 10% random, 10% unchanged
-  config.data.sentence_task = 'nsp'   # 'nsp' (BERT), 'sop' (ALBERT) or 'none' (RoBERTa)
-  config.data.short_seq_prob = 0.1    # sometimes shorter sequences, as BERT's data generator
+  config.data.max_len = 128  # tokens per sequence, [CLS] and [SEP]s included
+  config.data.max_predictions = 20  # masked positions scored per sequence (15% of 128 = 19)
+  config.data.mask_rate = 0.15  # selected tokens: 80% [MASK], 10% random, 10% unchanged
+  config.data.sentence_task = 'nsp'  # 'nsp' (BERT), 'sop' (ALBERT) or 'none' (RoBERTa)
+  config.data.short_seq_prob = 0.1  # sometimes shorter sequences, as BERT's data generator
   config.data.batch_size = 32
   config.data.eval_batches = 20
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.vocab_file = ''    # a BERT vocab.txt; '' = train WordPiece on the corpus
+  config.tokenizer.vocab_file = ''  # a BERT vocab.txt; '' = train WordPiece on the corpus
   config.tokenizer.vocab_size = 8000
   config.tokenizer.lowercase = True
 
   # BERT's architecture from its one definition beside bert_config(); BERT-base sizes.
-  config.model = ml_collections.ConfigDict(dict(
-      BERT_ARCHITECTURE, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
-      max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32',
-      param_dtype='float32', remat_policy='none', scan_layers=False,
-      attention_implementation='auto'))
+  config.model = ml_collections.ConfigDict(
+      dict(BERT_ARCHITECTURE, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
+           max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32',
+           param_dtype='float32', remat_policy='none', scan_layers=False,
+           attention_implementation='auto'))
 
   _bert_adamw(config, learning_rate=1e-4, warmup_steps=10_000, decay_steps=1_000_000)
   config.train.num_steps = 1_000_000
@@ -65,10 +65,10 @@ def finetune_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.mode = 'finetune'
   config.init = ml_collections.ConfigDict()
-  config.init.hf_dir = ''             # a Hugging Face BERT directory (config.json, weights, vocab)
-  config.init.bert_workdir = ''       # or a pretraining workdir of ours
+  config.init.hf_dir = ''  # a Hugging Face BERT directory (config.json, weights, vocab)
+  config.init.bert_workdir = ''  # or a pretraining workdir of ours
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'tsv'          # 'tsv' (DIR/train.tsv, DIR/dev.tsv) or 'tfds' (glue/sst2)
+  config.data.source = 'tsv'  # 'tsv' (DIR/train.tsv, DIR/dev.tsv) or 'tfds' (glue/sst2)
   config.data.dir = ''
   config.data.tfds_name = 'glue/sst2'
   config.data.tfds_data_dir = ''
@@ -77,9 +77,9 @@ def finetune_config() -> ml_collections.ConfigDict:
   config.data.batch_size = 32
   config.data.max_train_examples = 0  # 0 = all
   # Overrides of the pretrained model's config (dropout while fine-tuning).
-  config.model = ml_collections.ConfigDict(dict(dropout_rate=0.1, attention_dropout_rate=0.1,
-                                                dtype='float32', remat_policy='none',
-                                                attention_implementation='auto'))
+  config.model = ml_collections.ConfigDict(
+      dict(dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32', remat_policy='none',
+           attention_implementation='auto'))
   _bert_adamw(config, learning_rate=5e-5, warmup_steps=400, decay_steps=4_000)
   config.train.num_steps = 4_000
   config.train.eval_every = 500

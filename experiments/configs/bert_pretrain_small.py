@@ -26,8 +26,8 @@ def get_config():
   config.data.eval_batches = 20
   config.data.sentence_task = 'nsp'
   config.tokenizer.vocab_size = 8000
-  config.model.update(dict(emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=4,
-                           max_len=128))
+  config.model.update(
+      dict(emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=4, max_len=128))
   config.optimizer.learning_rate = 5e-4
   config.optimizer.warmup_steps = 300
   config.optimizer.decay_steps = 5_000

@@ -20,14 +20,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 1_000
   config.train.checkpoint_every = 1_000
   config.train.keep_checkpoints = 3
-  config.train.max_minutes = 0.0     # stop (and evaluate) after this wall time; 0 = no limit
-  config.train.max_nonfinite = 10    # consecutive skipped non-finite steps before giving up
+  config.train.max_minutes = 0.0  # stop (and evaluate) after this wall time; 0 = no limit
+  config.train.max_nonfinite = 10  # consecutive skipped non-finite steps before giving up
   config.train.eval_max_batches = 0  # 0 = the whole validation set
   config.train.accumulation_steps = 1  # >1: one update from k micro-batches (1/k the activations)
 
-  # Multi-host jobs (transformer_jax/parallel/distributed.py): 'auto' starts jax.distributed when the
-  # environment names a coordinator (JAX_COORDINATOR_ADDRESS, ...) or a SLURM/TPU job; 'on' always
-  # (e.g. on Cloud TPU VMs), 'off' never. Empty/-1 = take it from the environment or jax.
+  # Multi-host jobs (transformer_jax/parallel/distributed.py): 'auto' starts jax.distributed
+  # when the environment names a coordinator (JAX_COORDINATOR_ADDRESS, ...) or a SLURM/TPU job;
+  # 'on' always (e.g. on Cloud TPU VMs), 'off' never. Empty/-1 = take it from the environment or
+  # jax.
   config.distributed = ml_collections.ConfigDict(
       {'mode': 'auto', 'coordinator_address': '', 'num_processes': -1, 'process_id': -1})
 

@@ -18,17 +18,18 @@ def get_config():
   config.data.tfds_name = 'lm1b'
   config.data.tfds_feature = 'text'
   config.data.train_split = 'train'
-  config.data.valid_split = 'test'    # lm1b has no validation split
+  config.data.valid_split = 'test'  # lm1b has no validation split
   config.data.max_valid_examples = 20_000
   config.data.block_size = 1024
-  config.data.batch_size = 64         # 64k tokens per step on one accelerator; raise with the mesh
+  config.data.batch_size = 64  # 64k tokens per step on one accelerator; raise with the mesh
   config.data.eval_batches = 20
   config.tokenizer.type = 'sentencepiece'
   config.tokenizer.vocab_size = 32_000
   config.tokenizer.model_type = 'unigram'
   config.tokenizer.max_sentences = 2_000_000
-  config.model.update(dict(emb_dim=768, num_heads=12, mlp_dim=3072, num_decoder_layers=12,
-                           dropout_rate=0.0, attention_dropout_rate=0.0, dtype='bfloat16'))
+  config.model.update(
+      dict(emb_dim=768, num_heads=12, mlp_dim=3072, num_decoder_layers=12, dropout_rate=0.0,
+           attention_dropout_rate=0.0, dtype='bfloat16'))
   config.eval.sample_prompt = 'The'
   config.eval.sample_tokens = 64
   config.eval.top_p = 0.95

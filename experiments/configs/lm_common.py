@@ -9,32 +9,32 @@ from transformer_jax.models.gpt import GPT2_ARCHITECTURE
 def lm_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'file'         # 'file' (one text file) or 'tfds'
-  config.data.path = ''               # for 'file': a UTF-8 text file
-  config.data.train_fraction = 0.9    # for 'file': the first 90% trains, the last 10% validates
-  config.data.tfds_name = ''          # for 'tfds', e.g. 'tiny_shakespeare' or 'lm1b'
+  config.data.source = 'file'  # 'file' (one text file) or 'tfds'
+  config.data.path = ''  # for 'file': a UTF-8 text file
+  config.data.train_fraction = 0.9  # for 'file': the first 90% trains, the last 10% validates
+  config.data.tfds_name = ''  # for 'tfds', e.g. 'tiny_shakespeare' or 'lm1b'
   config.data.tfds_feature = 'text'
   config.data.tfds_data_dir = ''
   config.data.train_split = 'train'
   config.data.valid_split = 'validation'
   config.data.max_train_examples = 0  # for 'tfds': 0 = all documents
   config.data.max_valid_examples = 0
-  config.data.block_size = 256        # context length (tokens per window; the model's max_len)
-  config.data.batch_size = 64         # windows per global batch
-  config.data.eval_batches = 20       # fixed validation batches, the same at every evaluation
+  config.data.block_size = 256  # context length (tokens per window; the model's max_len)
+  config.data.batch_size = 64  # windows per global batch
+  config.data.eval_batches = 20  # fixed validation batches, the same at every evaluation
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.type = 'char'      # 'char' or 'sentencepiece'
-  config.tokenizer.vocab_size = 256   # for 'sentencepiece' (a char vocabulary sizes itself)
+  config.tokenizer.type = 'char'  # 'char' or 'sentencepiece'
+  config.tokenizer.vocab_size = 256  # for 'sentencepiece' (a char vocabulary sizes itself)
   config.tokenizer.model_type = 'unigram'
   config.tokenizer.max_sentences = 2_000_000
 
   # GPT-2's architecture (learned positions, Pre-LN, tanh-GELU, tied output, init std 0.02),
   # from its one definition beside gpt2_config(); sizes and dropout are this config's own.
-  config.model = ml_collections.ConfigDict(dict(
-      GPT2_ARCHITECTURE, emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6,
-      dropout_rate=0.2, attention_dropout_rate=0.2, dtype='float32', param_dtype='float32',
-      remat_policy='none', scan_layers=False, attention_implementation='auto'))
+  config.model = ml_collections.ConfigDict(
+      dict(GPT2_ARCHITECTURE, emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6,
+           dropout_rate=0.2, attention_dropout_rate=0.2, dtype='float32', param_dtype='float32',
+           remat_policy='none', scan_layers=False, attention_implementation='auto'))
 
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).
   config.eval = ml_collections.ConfigDict()
@@ -59,5 +59,5 @@ def lm_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 250
   config.train.checkpoint_every = 1_000
   config.train.log_every = 50
-  config.train.eval_max_batches = 0   # data.eval_batches already bounds evaluation
+  config.train.eval_max_batches = 0  # data.eval_batches already bounds evaluation
   return config

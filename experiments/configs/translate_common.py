@@ -8,33 +8,34 @@ from experiments.configs.common import base_config
 def translate_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'files'        # 'files' (parallel text), 'tfds', or 'numbers' (embedded)
-  config.data.dir = ''                # for 'files': {dir}/{prefix}.{lang}[.gz]
-  config.data.tfds_name = ''          # for 'tfds', e.g. 'wmt14_translate/de-en'
+  config.data.source = 'files'  # 'files' (parallel text), 'tfds', or 'numbers' (embedded)
+  config.data.dir = ''  # for 'files': {dir}/{prefix}.{lang}[.gz]
+  config.data.tfds_name = ''  # for 'tfds', e.g. 'wmt14_translate/de-en'
   config.data.tfds_data_dir = ''
   config.data.src_lang = 'en'
   config.data.tgt_lang = 'de'
   config.data.train_prefix = 'train'
   config.data.valid_prefix = 'val'
-  config.data.max_len = 128           # tokens incl. EOS; longer pairs are filtered or truncated
-  config.data.overflow = 'filter'     # 'filter' or 'truncate'
-  config.data.batch_tokens = 4096     # padded tokens per batch (source or target side)
-  config.data.buckets = ()            # () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
+  config.data.max_len = 128  # tokens incl. EOS; longer pairs are filtered or truncated
+  config.data.overflow = 'filter'  # 'filter' or 'truncate'
+  config.data.batch_tokens = 4096  # padded tokens per batch (source or target side)
+  config.data.buckets = ()  # () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
   config.data.skip_invalid_utf8 = False
   config.data.max_train_examples = 0  # 0 = all
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 8000
-  config.tokenizer.joint = True       # one SentencePiece model for both languages
+  config.tokenizer.joint = True  # one SentencePiece model for both languages
   config.tokenizer.model_type = 'unigram'
   config.tokenizer.max_sentences = 2_000_000
 
-  config.model = ml_collections.ConfigDict(dict(
-      emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,
-      dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm', norm_position='post',
-      position='sinusoidal', activation='relu', use_bias=True, share_embeddings=True,
-      tie_output=True, scale_embeddings=True, dtype='float32', param_dtype='float32',
-      remat_policy='none', scan_layers=False, attention_implementation='auto'))
+  config.model = ml_collections.ConfigDict(
+      dict(emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,
+           dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm',
+           norm_position='post', position='sinusoidal', activation='relu', use_bias=True,
+           share_embeddings=True, tie_output=True, scale_embeddings=True, dtype='float32',
+           param_dtype='float32', remat_policy='none', scan_layers=False,
+           attention_implementation='auto'))
 
   config.loss = ml_collections.ConfigDict({'label_smoothing': 0.1})
 
@@ -42,9 +43,9 @@ def translate_config() -> ml_collections.ConfigDict:
   config.eval.beam_size = 4
   config.eval.alpha = 0.6
   config.eval.decode_rows = 64
-  config.eval.bleu_sentences = 0      # validation sentences scored with BLEU; 0 = all
-  config.eval.test_prefix = ''        # e.g. 'test_2016_flickr': BLEU on it after training
-  config.eval.average_last = 0        # >1: average the last k checkpoints if validation BLEU agrees
+  config.eval.bleu_sentences = 0  # validation sentences scored with BLEU; 0 = all
+  config.eval.test_prefix = ''  # e.g. 'test_2016_flickr': BLEU on it after training
+  config.eval.average_last = 0  # >1: average the last k checkpoints if validation BLEU agrees
 
   config.optimizer.learning_rate = 1e-3
   config.optimizer.schedule = 'rsqrt'

@@ -16,8 +16,9 @@ def get_config():
   config.data.max_len = 48
   config.data.batch_tokens = 2048
   config.tokenizer.vocab_size = 128
-  config.model.update(dict(emb_dim=128, num_heads=4, mlp_dim=512, num_encoder_layers=2,
-                           num_decoder_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0))
+  config.model.update(
+      dict(emb_dim=128, num_heads=4, mlp_dim=512, num_encoder_layers=2, num_decoder_layers=2,
+           dropout_rate=0.0, attention_dropout_rate=0.0))
   config.loss.label_smoothing = 0.0
   config.optimizer.learning_rate = 2e-3
   config.optimizer.warmup_steps = 200

@@ -22,8 +22,9 @@ def get_config():
   config.data.batch_tokens = 32_768
   config.tokenizer.vocab_size = 32_000
   config.tokenizer.max_sentences = 5_000_000
-  config.model.update(dict(emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6,
-                           num_decoder_layers=6, dropout_rate=0.1, attention_dropout_rate=0.1))
+  config.model.update(
+      dict(emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,
+           dropout_rate=0.1, attention_dropout_rate=0.1))
   config.optimizer.learning_rate = 7e-4  # ~ 512^-0.5 * 4000^-0.5 * 2, the paper's peak
   config.optimizer.warmup_steps = 4_000
   config.optimizer.b2 = 0.98

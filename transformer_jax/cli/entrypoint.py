@@ -50,12 +50,14 @@ def run(main, argv=None):
     context = error.__context__
     while context is not None and not isinstance(context, UserError):
       context = context.__context__
-    exit_with_error(str(context) if context else
-                    f'cannot write {error.filename or "to the workdir"} ({error.strerror}); '
-                    'free space or choose another --workdir and rerun', immediately=True)
+    exit_with_error(
+        str(context)
+        if context else f'cannot write {error.filename or "to the workdir"} ({error.strerror}); '
+        'free space or choose another --workdir and rerun', immediately=True)
 
 
 # -- flags --------------------------------------------------------------------------------------
+
 
 def parse_flags(argv: list[str]) -> list[str]:
   """`app.run(..., flags_parser=parse_flags)`: a bad config file or override is one 'error:' line.
@@ -64,7 +66,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   file that cannot be loaded to its first use. Both are checked here first, against the config
   file loaded on its own; other flag errors keep absl's one-line 'FATAL Flags parsing error'.
   """
-  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import app
   config_file = _flag_value(argv, CONFIG_FLAG)
   if config_file is not None:
     check_overrides(load_config_file(config_file), _overrides(argv, CONFIG_FLAG))
@@ -89,8 +91,8 @@ def load_config_file(spec: str):
     exit_with_error(f'cannot load the config: {path}: {error}')
   if not callable(getattr(module, 'get_config', None)):
     exit_with_error(f'--{CONFIG_FLAG}={spec} does not define get_config(); a config file is '
-                  'Python defining get_config() that returns an ml_collections.ConfigDict '
-                  '(see experiments/configs/)')
+                    'Python defining get_config() that returns an ml_collections.ConfigDict '
+                    '(see experiments/configs/)')
   return module.get_config(arg) if arg is not None else module.get_config()
 
 
@@ -105,7 +107,7 @@ def check_overrides(config, overrides: list[str]):
         hint = f'; did you mean {", ".join(close)}?' if close else ''
         where = '.'.join(walked) or 'the config'
         exit_with_error(f'--{override}: {where} has no key {key!r}{hint} (check the spelling '
-                      'against the config file)')
+                        'against the config file)')
       node, walked = node[key], walked + [key]
 
 
@@ -124,10 +126,11 @@ def _overrides(argv: list[str], name: str) -> list[str]:
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 def exit_with_error(message: str, immediately: bool = False):
   logging.flush()
   sys.stderr.write(f'error: {message}\n')
   sys.stderr.flush()
   if immediately:
-    os._exit(1)  # pylint: disable=protected-access
+    os._exit(1)
   sys.exit(1)

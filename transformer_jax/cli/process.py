@@ -67,10 +67,11 @@ def _original_argv() -> list[str]:
 
 def allocator_description() -> str:
   choice = os.environ.get(_MARKER, 'system')
-  return {'jemalloc': f'jemalloc ({find_jemalloc()}, MALLOC_CONF={os.environ.get("MALLOC_CONF")})',
-          'glibc-tunables': 'glibc malloc with GLIBC_TUNABLES (no jemalloc found; '
-                            'apt-get install libjemalloc2 for the best CPU step time)',
-          }.get(choice, 'system malloc (TRANSFORMER_JAX_ALLOCATOR=system)')
+  return {
+      'jemalloc': f'jemalloc ({find_jemalloc()}, MALLOC_CONF={os.environ.get("MALLOC_CONF")})',
+      'glibc-tunables': 'glibc malloc with GLIBC_TUNABLES (no jemalloc found; '
+                        'apt-get install libjemalloc2 for the best CPU step time)',
+  }.get(choice, 'system malloc (TRANSFORMER_JAX_ALLOCATOR=system)')
 
 
 def default_compilation_cache_dir() -> str:
@@ -88,7 +89,7 @@ def enable_compilation_cache() -> str:
   a cache the user configured for JAX itself (JAX_COMPILATION_CACHE_DIR) is kept. On a
   multi-host job only process 0 writes; point every host at one shared path to share it.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   configured = jax.config.jax_compilation_cache_dir
   if configured:
     return f'XLA compilation cache: {configured} (jax_compilation_cache_dir)'

@@ -28,8 +28,8 @@ def check_training(config, global_batch: int | None = None):
   them) against data x fsdp and the accumulation steps, and a named attention kernel against
   the backend. Starts multi-host jobs (`distributed.initialize`) first: the device count is
   global."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from transformer_jax.parallel import distributed, sharding  # pylint: disable=g-import-not-at-top
+  import jax
+  from transformer_jax.parallel import distributed, sharding
   require_keys(config, 'train', TRAIN_KEYS)
   train = config.train
   for key in TRAIN_KEYS:
@@ -57,16 +57,13 @@ def check_training(config, global_batch: int | None = None):
 
 def attention_kernel_unavailable(config) -> str | None:
   """Why config.model.attention_implementation (a fused kernel) can't run here, or None."""
-  # pylint: disable-next=g-import-not-at-top
   from transformer_jax.kernels.scaled_dot_product import KERNEL_BACKENDS
   implementation = config.get('model', {}).get('attention_implementation', 'auto')
   needs = KERNEL_BACKENDS.get(implementation)
   if needs is None:
     return None  # (asks for no backend, so jax's backend is not started here)
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   if jax.default_backend() == needs:
     return None
   return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
           f'and this run is on {jax.default_backend().upper()}')
-
-

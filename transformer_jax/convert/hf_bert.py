@@ -25,8 +25,10 @@ from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import bert_config
 
 # HF 'gelu' is the exact erf form; the *_new/_fast/_pytorch_tanh names are the tanh approximation.
-_ACTIVATIONS = {'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_fast': 'gelu',
-                'gelu_pytorch_tanh': 'gelu', 'relu': 'relu', 'silu': 'silu', 'swish': 'silu'}
+_ACTIVATIONS = {
+    'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu',
+    'relu': 'relu', 'silu': 'silu', 'swish': 'silu'
+}
 _PREFIX = 'bert.'
 _BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
 
@@ -47,15 +49,15 @@ def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[Tran
     raise ConfigError('config.json describes a BERT decoder (is_decoder/add_cross_attention); '
                       'only the bidirectional encoder is supported')
   try:
-    values = dict(
-        vocab_size=int(c['vocab_size']), emb_dim=int(c['hidden_size']),
-        num_heads=int(c['num_attention_heads']), mlp_dim=int(c['intermediate_size']),
-        num_encoder_layers=int(c['num_hidden_layers']),
-        max_len=int(c['max_position_embeddings']),
-        norm_epsilon=float(c.get('layer_norm_eps', 1e-12)), activation=_ACTIVATIONS[activation],
-        dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
-        attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
-        embed_init_std=float(c.get('initializer_range', 0.02)))
+    values = dict(vocab_size=int(c['vocab_size']), emb_dim=int(c['hidden_size']),
+                  num_heads=int(c['num_attention_heads']), mlp_dim=int(c['intermediate_size']),
+                  num_encoder_layers=int(c['num_hidden_layers']),
+                  max_len=int(c['max_position_embeddings']),
+                  norm_epsilon=float(c.get('layer_norm_eps',
+                                           1e-12)), activation=_ACTIVATIONS[activation],
+                  dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
+                  attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
+                  embed_init_std=float(c.get('initializer_range', 0.02)))
   except KeyError as e:
     raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a BERT model') from None
   values.update(overrides)
@@ -83,10 +85,10 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads:
 
   table['embeddings.word_embeddings.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e),
                                                 same)
-  table['embeddings.position_embeddings.weight'] = (
-      ('input_embedding', 'position_embedding', 'embedding'), (cfg.max_len, e), same)
-  table['embeddings.token_type_embeddings.weight'] = (('segment_embedding',),
-                                                      (type_vocab_size, e), same)
+  table['embeddings.position_embeddings.weight'] = (('input_embedding', 'position_embedding',
+                                                     'embedding'), (cfg.max_len, e), same)
+  table['embeddings.token_type_embeddings.weight'] = (('segment_embedding',), (type_vocab_size, e),
+                                                      same)
   norm('embeddings.LayerNorm', ('input_embedding', 'embedding_norm'))
   for i in range(num_layers):
     hf, ours = f'encoder.layer.{i}', ('encoder', f'layer_{i}')
@@ -127,8 +129,8 @@ def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
     arrays[bare], original[bare] = np.asarray(value), name
   # The MLM decoder is tied to the word embeddings (weight) and shares the head's bias.
   decoder_w = arrays.pop('cls.predictions.decoder.weight', None)
-  if decoder_w is not None and not np.array_equal(
-      decoder_w, arrays.get('embeddings.word_embeddings.weight')):
+  if decoder_w is not None and not np.array_equal(decoder_w,
+                                                  arrays.get('embeddings.word_embeddings.weight')):
     raise ConfigError('cls.predictions.decoder.weight differs from the word embeddings: untied '
                       'MLM output layers are not supported')
   decoder_b = arrays.pop('cls.predictions.decoder.bias', None)
@@ -141,8 +143,10 @@ def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
 def detect_heads(state: Mapping[str, Any]) -> dict:
   """The `Bert` head attributes a checkpoint's names and shapes imply."""
   arrays, _ = _bare_names(state)
-  heads = {'mlm': 'cls.predictions.transform.dense.weight' in arrays, 'sentence_classes': 0,
-           'num_labels': 0}
+  heads = {
+      'mlm': 'cls.predictions.transform.dense.weight' in arrays, 'sentence_classes': 0,
+      'num_labels': 0
+  }
   if 'cls.seq_relationship.weight' in arrays:
     heads['sentence_classes'] = int(arrays['cls.seq_relationship.weight'].shape[0])
   if 'classifier.weight' in arrays:
@@ -161,8 +165,8 @@ def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
   arrays, original = _bare_names(state)
   # BertForMaskedLM checkpoints have no pooler: it is then left out (a fine-tuning run
   # initialises it afresh).
-  table = _table(cfg, type_vocab_size, cfg.num_encoder_layers, heads,
-                 pooler='pooler.dense.weight' in arrays)
+  table = _table(cfg, type_vocab_size, cfg.num_encoder_layers, heads, pooler='pooler.dense.weight'
+                 in arrays)
   unknown = sorted(original[k] for k in arrays if k not in table)
   if unknown:
     raise ConfigError(f'checkpoint has unknown parameter(s) {", ".join(unknown)}: not part of a '
@@ -191,7 +195,7 @@ def load_hf_bert(directory: str, **overrides):
   `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}: the `Bert`
   attributes matching the weights. `overrides` go to the config (e.g. dropout_rate=0.0).
   """
-  from transformer_jax.data.wordpiece import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data.wordpiece import WordPieceTokenizer
   config_path = os.path.join(directory, 'config.json')
   if not os.path.exists(config_path):
     raise DataError(f'{config_path} does not exist: expected a Hugging Face BERT directory '
@@ -209,8 +213,7 @@ def load_hf_bert(directory: str, **overrides):
     raise ConfigError(f'{directory}/vocab.txt has {tokenizer.vocab_size} tokens but config.json '
                       f'says vocab_size={cfg.vocab_size}')
   logging.info('imported BERT from %s: %d layers, %d heads, width %d, vocab %d, heads %s',
-               directory, cfg.num_encoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size,
-               heads)
+               directory, cfg.num_encoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size, heads)
   return cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size)
 
 

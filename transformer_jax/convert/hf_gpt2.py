@@ -27,8 +27,10 @@ from transformer_jax.models.gpt import gpt2_config
 
 # HF activation names -> ours. 'gelu_new', 'gelu_fast' and 'gelu_pytorch_tanh' are all the tanh
 # approximation (GPT-2's original); HF's plain 'gelu' is the exact erf form.
-_ACTIVATIONS = {'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu',
-                'gelu': 'gelu_exact', 'relu': 'relu', 'silu': 'silu', 'swish': 'silu'}
+_ACTIVATIONS = {
+    'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu', 'gelu': 'gelu_exact',
+    'relu': 'relu', 'silu': 'silu', 'swish': 'silu'
+}
 _PREFIX = 'transformer.'
 # Causal-mask buffers that older transformers versions saved with the weights; not parameters.
 _BUFFER = re.compile(r'^h\.\d+\.attn\.(bias|masked_bias)$')
@@ -51,14 +53,14 @@ def gpt2_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Transforme
       raise ConfigError(f'config.json {key}={c[key]} is not supported (need {supported})')
   try:
     emb_dim = int(c['n_embd'])
-    values = dict(
-        vocab_size=int(c['vocab_size']), emb_dim=emb_dim, num_heads=int(c['n_head']),
-        mlp_dim=int(c.get('n_inner') or 4 * emb_dim), num_decoder_layers=int(c['n_layer']),
-        max_len=int(c['n_positions']), norm_epsilon=float(c.get('layer_norm_epsilon', 1e-5)),
-        activation=_ACTIVATIONS[activation],
-        dropout_rate=float(c.get('resid_pdrop', 0.1)),
-        attention_dropout_rate=float(c.get('attn_pdrop', 0.1)),
-        tie_output=bool(c.get('tie_word_embeddings', True)))
+    values = dict(vocab_size=int(c['vocab_size']), emb_dim=emb_dim, num_heads=int(c['n_head']),
+                  mlp_dim=int(c.get('n_inner') or 4 * emb_dim),
+                  num_decoder_layers=int(c['n_layer']), max_len=int(c['n_positions']),
+                  norm_epsilon=float(c.get('layer_norm_epsilon',
+                                           1e-5)), activation=_ACTIVATIONS[activation],
+                  dropout_rate=float(c.get('resid_pdrop', 0.1)), attention_dropout_rate=float(
+                      c.get('attn_pdrop', 0.1)), tie_output=bool(c.get('tie_word_embeddings',
+                                                                       True)))
   except KeyError as e:
     raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a GPT-2 model') from None
   values.update(overrides)
@@ -68,16 +70,18 @@ def gpt2_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Transforme
 def _expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
   """HF parameter names (without the 'transformer.' prefix) -> shapes this config implies."""
   e, m = cfg.emb_dim, cfg.mlp_dim
-  shapes = {'wte.weight': (cfg.vocab_size, e), 'wpe.weight': (cfg.max_len, e),
-            'ln_f.weight': (e,), 'ln_f.bias': (e,)}
+  shapes = {
+      'wte.weight': (cfg.vocab_size, e), 'wpe.weight': (cfg.max_len, e), 'ln_f.weight': (e,),
+      'ln_f.bias': (e,)
+  }
   for i in range(cfg.num_decoder_layers):
     shapes.update({
-        f'h.{i}.ln_1.weight': (e,), f'h.{i}.ln_1.bias': (e,),
-        f'h.{i}.attn.c_attn.weight': (e, 3 * e), f'h.{i}.attn.c_attn.bias': (3 * e,),
-        f'h.{i}.attn.c_proj.weight': (e, e), f'h.{i}.attn.c_proj.bias': (e,),
-        f'h.{i}.ln_2.weight': (e,), f'h.{i}.ln_2.bias': (e,),
-        f'h.{i}.mlp.c_fc.weight': (e, m), f'h.{i}.mlp.c_fc.bias': (m,),
-        f'h.{i}.mlp.c_proj.weight': (m, e), f'h.{i}.mlp.c_proj.bias': (e,)})
+        f'h.{i}.ln_1.weight': (e,), f'h.{i}.ln_1.bias': (e,), f'h.{i}.attn.c_attn.weight':
+            (e, 3 * e), f'h.{i}.attn.c_attn.bias': (3 * e,), f'h.{i}.attn.c_proj.weight': (e, e),
+        f'h.{i}.attn.c_proj.bias': (e,), f'h.{i}.ln_2.weight': (e,), f'h.{i}.ln_2.bias': (e,),
+        f'h.{i}.mlp.c_fc.weight': (e, m), f'h.{i}.mlp.c_fc.bias': (m,), f'h.{i}.mlp.c_proj.weight':
+            (m, e), f'h.{i}.mlp.c_proj.bias': (e,)
+    })
   if not cfg.tie_output:
     shapes['lm_head.weight'] = (cfg.vocab_size, e)
   return shapes
@@ -108,8 +112,11 @@ def _check(arrays: dict, original: dict, cfg: TransformerConfig) -> None:
   if missing:
     shown = ', '.join(missing[:8]) + (f' (and {len(missing) - 8} more)' if len(missing) > 8 else '')
     raise ConfigError(f'checkpoint lacks parameter(s) {shown}')
-  wrong = [f'{original[k]} has shape {tuple(arrays[k].shape)} but the config implies {shape}'
-           for k, shape in expected.items() if tuple(arrays[k].shape) != shape]
+  wrong = [
+      f'{original[k]} has shape {tuple(arrays[k].shape)} but the config implies {shape}'
+      for k, shape in expected.items()
+      if tuple(arrays[k].shape) != shape
+  ]
   if wrong:
     raise ConfigError('; '.join(wrong))
 
@@ -140,16 +147,21 @@ def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) ->
     for j, name in enumerate(('query', 'key', 'value')):
       attention[name] = {
           'kernel': qkv_w[:, j * e:(j + 1) * e].reshape(e, heads, head_dim).copy(),
-          'bias': qkv_b[j * e:(j + 1) * e].reshape(heads, head_dim).copy()}
-    attention['out'] = {'kernel': get(f'{p}.attn.c_proj.weight').reshape(heads, head_dim, e),
-                        'bias': get(f'{p}.attn.c_proj.bias')}
+          'bias': qkv_b[j * e:(j + 1) * e].reshape(heads, head_dim).copy()
+      }
+    attention['out'] = {
+        'kernel': get(f'{p}.attn.c_proj.weight').reshape(heads, head_dim, e),
+        'bias': get(f'{p}.attn.c_proj.bias')
+    }
     stack[f'layer_{i}'] = {
         'self_attention_norm': norm(f'{p}.ln_1'), 'self_attention': attention,
         'mlp_norm': norm(f'{p}.ln_2'),
-        'mlp': {'wi': dense(f'{p}.mlp.c_fc'), 'wo': dense(f'{p}.mlp.c_proj')}}
-  params = {'token_embed': {'embedding': get('wte.weight')},
-            'input_embedding': {'position_embedding': {'embedding': get('wpe.weight')}},
-            'stack': stack}
+        'mlp': {'wi': dense(f'{p}.mlp.c_fc'), 'wo': dense(f'{p}.mlp.c_proj')}
+    }
+  params = {
+      'token_embed': {'embedding': get('wte.weight')},
+      'input_embedding': {'position_embedding': {'embedding': get('wpe.weight')}}, 'stack': stack
+  }
   if not cfg.tie_output:
     params['lm_head'] = {'kernel': get('lm_head.weight').T.copy()}  # nn.Linear is [out, in]
   return params
@@ -161,7 +173,7 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
   index = os.path.join(directory, 'model.safetensors.index.json')
   legacy = os.path.join(directory, 'pytorch_model.bin')
   if os.path.exists(single) or os.path.exists(index):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    from safetensors.numpy import load_file
     if os.path.exists(single):
       return load_file(single)
     with open(index) as f:
@@ -171,13 +183,16 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
       state.update(load_file(os.path.join(directory, name)))
     return state
   if os.path.exists(legacy):
-    logging.warning('%s has no model.safetensors: reading the legacy pytorch_model.bin with '
-                    'torch.load(weights_only=True)', directory)
-    import torch  # pylint: disable=g-import-not-at-top
+    logging.warning(
+        '%s has no model.safetensors: reading the legacy pytorch_model.bin with '
+        'torch.load(weights_only=True)', directory)
+    import torch
     loaded = torch.load(legacy, weights_only=True, map_location='cpu')
     # numpy has no bfloat16: widen floating tensors to float32 (the params' dtype anyway).
-    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
-            for k, v in loaded.items()}
+    return {
+        k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
+        for k, v in loaded.items()
+    }
   raise DataError(f'{directory} holds no model.safetensors, model.safetensors.index.json or '
                   'pytorch_model.bin')
 

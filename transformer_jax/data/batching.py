@@ -30,8 +30,8 @@ def _fit_length(ids: list[int], max_len: int) -> np.ndarray:
   return np.asarray(ids[:max_len - 1] + [EOS_ID], dtype=np.int32)
 
 
-def encode_pairs(tokenizer_src: Tokenizer, tokenizer_tgt: Tokenizer, src: list[str],
-                 tgt: list[str], max_len: int,
+def encode_pairs(tokenizer_src: Tokenizer, tokenizer_tgt: Tokenizer, src: list[str], tgt: list[str],
+                 max_len: int,
                  overflow: str = 'filter') -> tuple[list[np.ndarray], list[np.ndarray], dict]:
   """Encodes sentence pairs and appends EOS to both sides.
 
@@ -65,8 +65,8 @@ def encode_pairs(tokenizer_src: Tokenizer, tokenizer_tgt: Tokenizer, src: list[s
       tgt_out.append(_fit_length(t, max_len))
 
   stats = {'total': len(src), 'filtered': filtered, 'truncated': truncated}
-  logging.info('encoded %d pairs (max_len=%d): %d filtered, %d truncated',
-               len(src), max_len, filtered, truncated)
+  logging.info('encoded %d pairs (max_len=%d): %d filtered, %d truncated', len(src), max_len,
+               filtered, truncated)
   if not src_out:
     raise DataError(f'no sentence pair fits in max_len={max_len} tokens ({len(src)} pairs, '
                     f'{filtered} too long); increase max_len or use overflow="truncate"')
@@ -117,8 +117,8 @@ class _PackedSequences:
   def __init__(self, sequences: Sequence[np.ndarray]):
     self.lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
     self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
-    self.ids = (np.concatenate(sequences).astype(np.int32, copy=False) if len(sequences)
-                else np.zeros(0, np.int32))
+    self.ids = (np.concatenate(sequences).astype(np.int32, copy=False)
+                if len(sequences) else np.zeros(0, np.int32))
 
   def pad(self, indices: np.ndarray, length: int) -> np.ndarray:
     """Returns the sequences at `indices` padded to `length`; index -1 gives a PAD row."""

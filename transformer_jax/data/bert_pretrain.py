@@ -30,13 +30,14 @@ class PretrainOptions:
   max_len: int = 128
   max_predictions: int = 20
   mask_rate: float = 0.15
-  sentence_task: str = 'nsp'     # 'nsp', 'sop' or 'none'
-  short_seq_prob: float = 0.1    # a shorter target length sometimes, so short inputs are seen
-  mask_token_rate: float = 0.8   # of the selected tokens: [MASK]
+  sentence_task: str = 'nsp'  # 'nsp', 'sop' or 'none'
+  short_seq_prob: float = 0.1  # a shorter target length sometimes, so short inputs are seen
+  mask_token_rate: float = 0.8  # of the selected tokens: [MASK]
   random_token_rate: float = 0.1  # ... a random token; the rest stay unchanged
 
 
 # -- documents ----------------------------------------------------------------------------------
+
 
 def text_to_document(text: str) -> list[str]:
   """A document's non-empty lines."""
@@ -101,6 +102,7 @@ def tokenize_documents(tokenizer, documents: list[list[str]]) -> list[list[np.nd
 
 # -- examples -----------------------------------------------------------------------------------
 
+
 def _take_lines(doc: list[np.ndarray], start: int, budget: int) -> tuple[list[int], int]:
   """Lines from `start` while they fit `budget` tokens (always at least one); (ids, next)."""
   ids, i = list(doc[start]), start + 1
@@ -127,8 +129,8 @@ def _consecutive(doc: list[np.ndarray], line: int, budget: int) -> tuple[list[in
 
 
 def make_pair(documents: list[list[np.ndarray]], doc_index: int, line: int,
-              options: PretrainOptions, rng: np.random.Generator
-              ) -> tuple[list[int], list[int] | None, int]:
+              options: PretrainOptions,
+              rng: np.random.Generator) -> tuple[list[int], list[int] | None, int]:
   """(segment A ids, segment B ids or None, sentence label) for an example starting at
   documents[doc_index][line]; label 0 = genuine order, 1 = random (NSP) / swapped (SOP)."""
   doc = documents[doc_index]
@@ -155,8 +157,8 @@ def make_pair(documents: list[list[np.ndarray]], doc_index: int, line: int,
 
 
 def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: int,
-                options: PretrainOptions, rng: np.random.Generator, random_ids: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                options: PretrainOptions, rng: np.random.Generator,
+                random_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(masked ids, positions [P], original ids [P]) for one sequence: round(mask_rate * n) of
   its n non-special tokens (at least 1, at most max_predictions), in position order."""
   candidates = np.flatnonzero(~np.isin(ids, special))
@@ -167,8 +169,8 @@ def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: 
   masked = ids.copy()
   roll = rng.random(count)
   to_mask = roll < options.mask_token_rate
-  to_random = (roll >= options.mask_token_rate) & (
-      roll < options.mask_token_rate + options.random_token_rate)
+  to_random = (roll >= options.mask_token_rate) & (roll < options.mask_token_rate +
+                                                   options.random_token_rate)
   masked[positions[to_mask]] = mask_id
   masked[positions[to_random]] = random_ids[rng.integers(len(random_ids), size=to_random.sum())]
   return masked, positions, originals
@@ -192,31 +194,31 @@ class PretrainBatches(StepIndexedBatches):
     self.documents, self.tokenizer, self.options = documents, tokenizer, options
     self.batch_size, self.seed = batch_size, seed
     # Anchors: every (document, line), so each line is equally likely to start an example.
-    self._anchors = np.asarray([(d, i) for d, doc in enumerate(documents)
-                                for i in range(len(doc))], np.int64)
+    self._anchors = np.asarray([(d, i) for d, doc in enumerate(documents) for i in range(len(doc))],
+                               np.int64)
     self._special = np.asarray(tokenizer.special_ids, np.int32)
-    self._random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32),
-                                    self._special)
+    self._random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32), self._special)
 
   def example(self, rng: np.random.Generator) -> tuple:
     o, tok = self.options, self.tokenizer
     d, line = self._anchors[rng.integers(len(self._anchors))]
     a, b, label = make_pair(self.documents, int(d), int(line), o, rng)
     ids, segments = tok.build_pair(a, b, o.max_len)
-    masked, positions, originals = mask_tokens(np.asarray(ids, np.int32), self._special,
-                                               tok.vocab_size, tok.mask_id, o, rng,
-                                               self._random_ids)
+    masked, positions, originals = mask_tokens(np.asarray(ids,
+                                                          np.int32), self._special, tok.vocab_size,
+                                               tok.mask_id, o, rng, self._random_ids)
     return masked, np.asarray(segments, np.int32), positions, originals, label
 
   def batch(self, step: int) -> Batch:
     o = self.options
     rng = np.random.default_rng((self.seed, step))
     b, p = self.batch_size, o.max_predictions
-    out = {'inputs': np.zeros((b, o.max_len), np.int32),
-           'segments': np.zeros((b, o.max_len), np.int32),
-           'mlm_positions': np.zeros((b, p), np.int32), 'mlm_ids': np.zeros((b, p), np.int32),
-           'mlm_weights': np.zeros((b, p), np.float32),
-           'sentence_labels': np.zeros((b,), np.int32)}
+    out = {
+        'inputs': np.zeros((b, o.max_len), np.int32), 'segments': np.zeros(
+            (b, o.max_len), np.int32), 'mlm_positions': np.zeros((b, p), np.int32),
+        'mlm_ids': np.zeros((b, p), np.int32), 'mlm_weights': np.zeros(
+            (b, p), np.float32), 'sentence_labels': np.zeros((b,), np.int32)
+    }
     for row in range(b):
       ids, segments, positions, originals, label = self.example(rng)
       out['inputs'][row, :len(ids)] = ids

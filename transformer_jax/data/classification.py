@@ -65,14 +65,14 @@ def load_sst2_tsv(directory: str) -> dict[str, tuple[list[str], list[int]]]:
 def load_sst2_tfds(data_dir: str | None = None, name: str = 'glue/sst2',
                    max_examples: int = 0) -> dict[str, tuple[list[str], list[int]]]:
   """{'train', 'dev'} from TFDS glue/sst2 (train and validation splits)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
   out = {}
   for split, tfds_split in (('train', 'train'), ('dev', 'validation')):
     if max_examples:
       tfds_split = f'{tfds_split}[:{max_examples}]'
     try:
       dataset = tfds.load(name, split=tfds_split, data_dir=data_dir)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise DataError(f'cannot load TFDS {name}[{tfds_split}]: {str(e).splitlines()[0]}') from None
     sentences, labels = [], []
     for example in tfds.as_numpy(dataset):
@@ -99,8 +99,8 @@ def encode_examples(tokenizer, sentences: list[str], max_len: int) -> list[np.nd
   return out
 
 
-def make_batch(rows: list[np.ndarray], labels: np.ndarray, weights: np.ndarray,
-               buckets: list[int], batch_size: int) -> Batch:
+def make_batch(rows: list[np.ndarray], labels: np.ndarray, weights: np.ndarray, buckets: list[int],
+               batch_size: int) -> Batch:
   """Pads rows (and absent rows, weight 0) to [batch_size, bucket]."""
   longest = max((len(r) for r in rows), default=1)
   length = next(b for b in buckets if b >= longest)
@@ -108,9 +108,11 @@ def make_batch(rows: list[np.ndarray], labels: np.ndarray, weights: np.ndarray,
   for i, r in enumerate(rows):
     inputs[i, :len(r)] = r
   pad = batch_size - len(rows)
-  return {'inputs': inputs, 'segments': np.zeros_like(inputs),
-          'labels': np.pad(np.asarray(labels, np.int32), (0, pad)),
-          'weights': np.pad(np.asarray(weights, np.float32), (0, pad))}
+  return {
+      'inputs': inputs, 'segments': np.zeros_like(inputs),
+      'labels': np.pad(np.asarray(labels, np.int32),
+                       (0, pad)), 'weights': np.pad(np.asarray(weights, np.float32), (0, pad))
+  }
 
 
 class ClassificationBatches:
@@ -161,8 +163,7 @@ def eval_batches(rows: list[np.ndarray], labels: list[int], *, batch_size: int, 
   out = []
   for start in range(0, len(order), batch_size):
     chosen = order[start:start + batch_size]
-    batch = make_batch([rows[i] for i in chosen], labels[chosen],
-                       np.ones(len(chosen), np.float32), buckets, batch_size)
-    out.append({k: v[process_index * local:(process_index + 1) * local]
-                for k, v in batch.items()})
+    batch = make_batch([rows[i] for i in chosen], labels[chosen], np.ones(len(chosen), np.float32),
+                       buckets, batch_size)
+    out.append({k: v[process_index * local:(process_index + 1) * local] for k, v in batch.items()})
   return out

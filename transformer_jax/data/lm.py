@@ -25,7 +25,6 @@ from transformer_jax.files import write_atomically
 
 Batch = dict[str, np.ndarray]
 
-
 # -- text ---------------------------------------------------------------------------------------
 
 

@@ -21,24 +21,36 @@ MAX_NUMBER = 999_999
 # Held-out numbers are distinct, so there must be far fewer than there are numbers.
 _MAX_HELD_OUT = 100_000
 
-_EN_ONES = ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine',
-            'ten', 'eleven', 'twelve', 'thirteen', 'fourteen', 'fifteen', 'sixteen',
-            'seventeen', 'eighteen', 'nineteen']
-_EN_TENS = ['', '', 'twenty', 'thirty', 'forty', 'fifty', 'sixty', 'seventy', 'eighty',
-            'ninety']
+_EN_ONES = [
+    'zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten', 'eleven',
+    'twelve', 'thirteen', 'fourteen', 'fifteen', 'sixteen', 'seventeen', 'eighteen', 'nineteen'
+]
+_EN_TENS = ['', '', 'twenty', 'thirty', 'forty', 'fifty', 'sixty', 'seventy', 'eighty', 'ninety']
 
-_DE_ONES = ['null', 'eins', 'zwei', 'drei', 'vier', 'fünf', 'sechs', 'sieben', 'acht', 'neun',
-            'zehn', 'elf', 'zwölf', 'dreizehn', 'vierzehn', 'fünfzehn', 'sechzehn', 'siebzehn',
-            'achtzehn', 'neunzehn']
-_DE_TENS = ['', '', 'zwanzig', 'dreißig', 'vierzig', 'fünfzig', 'sechzig', 'siebzig',
-            'achtzig', 'neunzig']
+_DE_ONES = [
+    'null', 'eins', 'zwei', 'drei', 'vier', 'fünf', 'sechs', 'sieben', 'acht', 'neun', 'zehn',
+    'elf', 'zwölf', 'dreizehn', 'vierzehn', 'fünfzehn', 'sechzehn', 'siebzehn', 'achtzehn',
+    'neunzehn'
+]
+_DE_TENS = [
+    '', '', 'zwanzig', 'dreißig', 'vierzig', 'fünfzig', 'sechzig', 'siebzig', 'achtzig', 'neunzig'
+]
 
 # (English, German) plural nouns. All German nouns are lower-cased like the rest of
 # the corpus, which keeps the vocabulary small.
 _NOUNS = [
-    ('apples', 'äpfel'), ('books', 'bücher'), ('cats', 'katzen'), ('dogs', 'hunde'),
-    ('houses', 'häuser'), ('trees', 'bäume'), ('birds', 'vögel'), ('cars', 'autos'),
-    ('children', 'kinder'), ('stones', 'steine'), ('flowers', 'blumen'), ('cups', 'tassen'),
+    ('apples', 'äpfel'),
+    ('books', 'bücher'),
+    ('cats', 'katzen'),
+    ('dogs', 'hunde'),
+    ('houses', 'häuser'),
+    ('trees', 'bäume'),
+    ('birds', 'vögel'),
+    ('cars', 'autos'),
+    ('children', 'kinder'),
+    ('stones', 'steine'),
+    ('flowers', 'blumen'),
+    ('cups', 'tassen'),
 ]
 
 # Sentence templates; {n} is the number and {noun} a plural noun.

@@ -45,10 +45,9 @@ def _decode_lines(path: str, *, skip_invalid_utf8: bool) -> list[str | None]:
           if skip_invalid_utf8:
             lines.append(None)
             continue
-          raise DataError(
-              f'{path}:{line_number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte '
-              f'{e.start + 1} of the line); fix the file or set {_SKIP_OPTION}=True to '
-              'drop such lines') from None
+          raise DataError(f'{path}:{line_number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte '
+                          f'{e.start + 1} of the line); fix the file or set {_SKIP_OPTION}=True to '
+                          'drop such lines') from None
         if line_number == 1:
           # A UTF-8 byte order mark is not whitespace, so strip() would keep it and it
           # would become part of the first sentence.
@@ -131,8 +130,8 @@ def read_parallel(src_path: str, tgt_path: str, *,
       src_kept.append(s)
       tgt_kept.append(t)
   if num_invalid:
-    logging.warning('%s / %s: dropped %d pairs with invalid UTF-8 on either side',
-                    src_path, tgt_path, num_invalid)
+    logging.warning('%s / %s: dropped %d pairs with invalid UTF-8 on either side', src_path,
+                    tgt_path, num_invalid)
   if num_empty:
     logging.info('%s / %s: dropped %d pairs with an empty side', src_path, tgt_path, num_empty)
   if not src_kept:

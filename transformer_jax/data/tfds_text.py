@@ -18,7 +18,7 @@ _READ_BATCH = 1024
 
 def _load(name: str, split: str, data_dir: str | None, max_examples: int | None) -> Any:
   """Returns the tf.data.Dataset of a TFDS split, turning failures into a DataError."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
 
   if max_examples is not None and max_examples < 1:
     raise DataError(f'max_examples must be positive or None, got {max_examples}')
@@ -28,7 +28,7 @@ def _load(name: str, split: str, data_dir: str | None, max_examples: int | None)
     # TFDS's own message lists every dataset it knows: far too long for one line.
     raise DataError(f'TFDS has no dataset named {name!r}; check the spelling, e.g. '
                     "'wmt14_translate/de-en' or 'lm1b'") from None
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     # Downloading and preparing can fail in many ways (no network, missing files,
     # unknown split, missing optional packages); all need the same advice.
     reason = (str(e).strip().splitlines() or [''])[0][:300]
@@ -44,7 +44,7 @@ def _load(name: str, split: str, data_dir: str | None, max_examples: int | None)
 
 def _read_string_features(dataset: Any, features: list[str], name: str) -> list[list[str]]:
   """Returns one list of decoded strings per feature, in dataset order."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
 
   available = sorted(dataset.element_spec) if isinstance(dataset.element_spec, dict) else []
   missing = [f for f in features if f not in available]
@@ -84,8 +84,8 @@ def load_tfds_parallel(name: str, split: str, src_lang: str, tgt_lang: str, *,
   if not src_kept:
     raise DataError(f'TFDS dataset {name!r} split {split!r} has no {src_lang}-{tgt_lang} pair '
                     'with text on both sides')
-  logging.info('read %d %s-%s pairs from TFDS %s[%s]', len(src_kept), src_lang, tgt_lang,
-               name, split)
+  logging.info('read %d %s-%s pairs from TFDS %s[%s]', len(src_kept), src_lang, tgt_lang, name,
+               split)
   return src_kept, tgt_kept
 
 

@@ -19,7 +19,6 @@ from transformer_jax.files import write_atomically
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-
 class Tokenizer:
   """Turns text into subword ids and back."""
 
@@ -142,7 +141,10 @@ def train_tokenizer(texts: Iterable[str], model_path: str, vocab_size: int, *,
         vocab_size=vocab_size,
         model_type=model_type,
         character_coverage=character_coverage,
-        pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        bos_id=BOS_ID,
+        unk_id=UNK_ID,
         # We sampled already; a second, unseeded sample would break determinism.
         input_sentence_size=0,
         shuffle_input_sentence=False,
@@ -157,13 +159,13 @@ def train_tokenizer(texts: Iterable[str], model_path: str, vocab_size: int, *,
     raise DataError(f'cannot train the tokenizer {model_path}: {e}') from None
   write_atomically(model_path, model.getvalue())
   tokenizer = Tokenizer.from_serialized(model.getvalue())
-  logging.info('trained a %s tokenizer with %d pieces on %d sentences, saved to %s',
-               model_type, tokenizer.vocab_size, len(sentences), model_path)
+  logging.info('trained a %s tokenizer with %d pieces on %d sentences, saved to %s', model_type,
+               tokenizer.vocab_size, len(sentences), model_path)
   return tokenizer
 
 
-def load_or_train_tokenizer(model_path: str, texts_fn: Callable[[], Iterable[str]],
-                            vocab_size: int, **kwargs) -> Tokenizer:
+def load_or_train_tokenizer(model_path: str, texts_fn: Callable[[], Iterable[str]], vocab_size: int,
+                            **kwargs) -> Tokenizer:
   """Loads `model_path` if it exists, else trains it on `texts_fn()` and saves it.
 
   `texts_fn` is a function so that the (possibly large) corpus is only read when
@@ -173,8 +175,9 @@ def load_or_train_tokenizer(model_path: str, texts_fn: Callable[[], Iterable[str
     tokenizer = Tokenizer.from_file(model_path)
     logging.info('reusing tokenizer %s (%d pieces)', model_path, tokenizer.vocab_size)
     if tokenizer.vocab_size != vocab_size:
-      logging.warning('tokenizer %s has %d pieces but vocab_size=%d was requested; using the '
-                      'existing file', model_path, tokenizer.vocab_size, vocab_size)
+      logging.warning(
+          'tokenizer %s has %d pieces but vocab_size=%d was requested; using the '
+          'existing file', model_path, tokenizer.vocab_size, vocab_size)
     return tokenizer
   logging.info('tokenizer %s not found, training one', model_path)
   return train_tokenizer(texts_fn(), model_path, vocab_size, **kwargs)

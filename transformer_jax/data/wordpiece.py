@@ -20,7 +20,7 @@ class WordPieceTokenizer:
   """ids <-> text with BERT's special tokens; `encode` never adds [CLS]/[SEP] itself."""
 
   def __init__(self, vocab: dict[str, int], lowercase: bool = True):
-    from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+    from tokenizers import BertWordPieceTokenizer
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
       raise DataError(f'WordPiece vocabulary lacks the special token(s) {missing}')
@@ -30,9 +30,9 @@ class WordPieceTokenizer:
     self._tokenizer.no_truncation()
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         vocab[t] for t in SPECIAL_TOKENS)
-    self.special_ids = np.asarray(sorted({self.pad_id, self.unk_id, self.cls_id, self.sep_id,
-                                          self.mask_id} | {i for t, i in vocab.items()
-                                                           if t.startswith('[unused')}))
+    self.special_ids = np.asarray(
+        sorted({self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id} |
+               {i for t, i in vocab.items() if t.startswith('[unused')}))
     self._inverse = {i: t for t, i in vocab.items()}
 
   @property
@@ -54,7 +54,7 @@ class WordPieceTokenizer:
   def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True,
             min_frequency: int = 2) -> 'WordPieceTokenizer':
     """A WordPiece vocabulary of at most `vocab_size` tokens learned from `texts`."""
-    from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+    from tokenizers import BertWordPieceTokenizer
     trainer = BertWordPieceTokenizer(lowercase=lowercase)
     trainer.train_from_iterator(iter(texts), vocab_size=vocab_size, min_frequency=min_frequency,
                                 special_tokens=list(SPECIAL_TOKENS), show_progress=False)

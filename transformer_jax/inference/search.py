@@ -32,7 +32,6 @@ TokensToLogits = Callable[[jnp.ndarray, PyTree], tuple[jnp.ndarray, PyTree]]
 # PRNG key, so the loop itself needs no randomness.
 SelectFn = Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]
 
-
 # ---------------------------------------------------------------------------------------------
 # Beam helpers. A "beam" tensor is [B, beam, ...]; the model sees it flattened to [B*beam, ...]
 # with row b*beam + k holding beam k of batch element b. All helpers map over pytrees and leave
@@ -56,8 +55,7 @@ def flatten_beams(tree: PyTree) -> PyTree:
 
 def unflatten_beams(tree: PyTree, beam_size: int) -> PyTree:
   """[B*beam, ...] -> [B, beam, ...], the inverse of `flatten_beams`."""
-  return _map_batched(lambda x: x.reshape((x.shape[0] // beam_size, beam_size) + x.shape[1:]),
-                      tree)
+  return _map_batched(lambda x: x.reshape((x.shape[0] // beam_size, beam_size) + x.shape[1:]), tree)
 
 
 def gather_beams(tree: PyTree, beam_indices: jnp.ndarray, batch_size: int,
@@ -120,19 +118,20 @@ def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: Sel
   return sequences[:, 1:]
 
 
-def greedy_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: int,
-                  max_len: int, start_id: int = 0, eos_id: int = EOS_ID) -> jnp.ndarray:
+def greedy_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: int, max_len: int,
+                  start_id: int = 0, eos_id: int = EOS_ID) -> jnp.ndarray:
   """Decodes the most likely next token at every step; returns int32[B, max_len].
 
   The output excludes the start token, and every position after a row's EOS is PAD. Ties go
   to the lowest token id.
   """
+
   def select_fn(logits, step):
     del step  # Greedy choice does not depend on the step.
     return jnp.argmax(logits, axis=-1)
 
-  return _decode_loop(tokens_to_logits, cache, select_fn, batch_size=batch_size,
-                      max_len=max_len, start_id=start_id, eos_id=eos_id)
+  return _decode_loop(tokens_to_logits, cache, select_fn, batch_size=batch_size, max_len=max_len,
+                      start_id=start_id, eos_id=eos_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,11 +144,11 @@ def length_penalty(length: jnp.ndarray | int, alpha: float) -> jnp.ndarray:
   Log-probs only fall as a hypothesis grows, so without it beam search prefers short outputs;
   alpha > 0 compensates (alpha = 0 turns it off).
   """
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0)**alpha
 
 
-def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: int,
-                beam_size: int, max_len: int, alpha: float = 0.6, start_id: int = 0,
+def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: int, beam_size: int,
+                max_len: int, alpha: float = 0.6, start_id: int = 0,
                 eos_id: int = EOS_ID) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search; returns (sequences int32[B, beam, max_len], scores float32[B, beam]).
 
@@ -209,11 +208,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: 
     parent_beams = top_indices // vocab
     top_tokens = (top_indices % vocab).astype(jnp.int32)
     top_seqs = gather_beams(alive_seqs, parent_beams, batch_size, beam_size)
-    top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, top_tokens[:, :, None], step + 1,
-                                               axis=2)
+    top_seqs = lax.dynamic_update_slice_in_dim(top_seqs, top_tokens[:, :, None], step + 1, axis=2)
     # The cache rows follow their hypotheses (scalar leaves are shared and stay as they are).
-    cache = flatten_beams(gather_beams(unflatten_beams(cache, beam_size), parent_beams,
-                                       batch_size, beam_size))
+    cache = flatten_beams(
+        gather_beams(unflatten_beams(cache, beam_size), parent_beams, batch_size, beam_size))
 
     # Candidates ending in EOS move to the finished set; their alive slots die (-inf).
     ends = top_tokens == eos_id
@@ -227,8 +225,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: 
     finished_seqs = gather_beams(merged_seqs, keep, batch_size, beam_size)
     return step + 1, top_seqs, alive_log_probs, finished_seqs, finished_scores, cache
 
-  state = (jnp.array(0, jnp.int32), alive_seqs, alive_log_probs, finished_seqs,
-           finished_scores, cache)
+  state = (jnp.array(0,
+                     jnp.int32), alive_seqs, alive_log_probs, finished_seqs, finished_scores, cache)
   step, alive_seqs, alive_log_probs, finished_seqs, finished_scores, _ = lax.while_loop(
       cond_fn, body_fn, state)
 

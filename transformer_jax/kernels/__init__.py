@@ -7,4 +7,8 @@ from transformer_jax.kernels.scaled_dot_product import (KERNEL_BACKENDS, auto_im
                                                         chunked_attention, default_chunk_size,
                                                         dot_product_attention, reference_attention)
 
-__all__ = ['KERNEL_BACKENDS', 'as_4d', 'auto_implementation', 'chunked_attention', 'combine_masks', 'decode_step_attention', 'default_chunk_size', 'dot_product_attention', 'halving_dot', 'halving_sum', 'make_causal_mask', 'make_padding_mask', 'reference_attention']
+__all__ = [
+    'KERNEL_BACKENDS', 'as_4d', 'auto_implementation', 'chunked_attention', 'combine_masks',
+    'decode_step_attention', 'default_chunk_size', 'dot_product_attention', 'halving_dot',
+    'halving_sum', 'make_causal_mask', 'make_padding_mask', 'reference_attention'
+]

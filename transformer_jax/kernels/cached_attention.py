@@ -52,8 +52,9 @@ def halving_dot(a: jnp.ndarray, b: jnp.ndarray, axis: int, stop: int = 1,
     return a * expand(b)
 
   def product(start, end):
-    return (lax.slice_in_dim(a, start, end, axis=axis)
-            * expand(lax.slice_in_dim(b, start, end, axis=b_axis)))
+    return (lax.slice_in_dim(a, start, end, axis=axis) *
+            expand(lax.slice_in_dim(b, start, end, axis=b_axis)))
+
   return halving_sum(_add_halves(product, n, axis), axis, stop)
 
 
@@ -93,6 +94,6 @@ def decode_step_attention(q, keys, values, *, mask=None, bias=None, dtype=jnp.fl
   if mask is not None:
     weights = jnp.where(mask, weights, 0.0)
   # Halve the S axis down to 16 rows, then a plain sum of those few.
-  out = jnp.sum(halving_dot(weights[..., None], values.astype(f32), axis=3, stop=16,
-                            b_new_axis=2), axis=3)                             # [B, K, G, D]
+  out = jnp.sum(halving_dot(weights[..., None], values.astype(f32), axis=3, stop=16, b_new_axis=2),
+                axis=3)  # [B, K, G, D]
   return out.astype(dtype).reshape(b, 1, h, d)

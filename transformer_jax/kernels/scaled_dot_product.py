@@ -114,8 +114,9 @@ def _attention_core_bwd(residuals, d_out):
                    preferred_element_type=f32)
   d_k_t = jnp.einsum('bhdt,bhts->bhds', swap(q), d_scores.astype(q.dtype),
                      preferred_element_type=f32)
-  d_v = swap(jnp.einsum('bhdt,bhts->bhds', swap(d_out), weights.astype(d_out.dtype),
-                        preferred_element_type=f32))
+  d_v = swap(
+      jnp.einsum('bhdt,bhts->bhds', swap(d_out), weights.astype(d_out.dtype),
+                 preferred_element_type=f32))
   d_mask = None if mask is None else np.zeros(mask.shape, jax.dtypes.float0)
   d_bias = None
   if bias is not None:  # summed over the axes the bias broadcasts along
@@ -128,8 +129,7 @@ _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
 def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size=None,
-                      dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                      dtype=jnp.float32):
+                      dropout_rng=None, dropout_rate=0.0, deterministic=True, dtype=jnp.float32):
   """Attention output [B, T, H, D] computed one block of query rows at a time.
 
   With `causal` (query i sees keys 0..i, as `make_causal_mask`, on top of `mask`), a query block
@@ -144,26 +144,29 @@ def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size
   are repeated for the core (autodiff sums their gradients back).
   """
   t, s = q.shape[1], k.shape[1]
-  blocks = list(_query_blocks(t, s, chunk_size or default_chunk_size(t, s, causal), causal,
-                              as_4d(mask), as_4d(bias)))
-  concat = lambda outputs, axis: (outputs[0] if len(outputs) == 1
-                                  else jnp.concatenate(outputs, axis=axis))
+  blocks = list(
+      _query_blocks(t, s, chunk_size or default_chunk_size(t, s, causal), causal, as_4d(mask),
+                    as_4d(bias)))
+  concat = lambda outputs, axis: (outputs[0]
+                                  if len(outputs) == 1 else jnp.concatenate(outputs, axis=axis))
   if deterministic or dropout_rate == 0.0:
     # Head-major once per call ([B, H, T, D]; keys as k^T), so no block transposes its operands.
     groups, d = q.shape[2] // k.shape[2], q.shape[3]
-    q = jnp.swapaxes(q.astype(dtype) * d ** -0.5, 1, 2)
+    q = jnp.swapaxes(q.astype(dtype) * d**-0.5, 1, 2)
     k_t = jnp.transpose(jnp.repeat(k.astype(dtype), groups, axis=2), (0, 2, 3, 1))
     v = jnp.swapaxes(jnp.repeat(v.astype(dtype), groups, axis=2), 1, 2)
-    outputs = [_attention_core(q[:, :, lo:hi], k_t[..., :k_hi], v[:, :, :k_hi], block_mask,
-                               block_bias)
-               for lo, hi, k_hi, block_mask, block_bias in blocks]
+    outputs = [
+        _attention_core(q[:, :, lo:hi], k_t[..., :k_hi], v[:, :, :k_hi], block_mask, block_bias)
+        for lo, hi, k_hi, block_mask, block_bias in blocks
+    ]
     return jnp.swapaxes(concat(outputs, 2), 1, 2)
   outputs = []
   for index, (lo, hi, k_hi, block_mask, block_bias) in enumerate(blocks):
     rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
-    outputs.append(reference_attention(
-        q[:, lo:hi], k[:, :k_hi], v[:, :k_hi], mask=block_mask, bias=block_bias,
-        dropout_rng=rng, dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype)[0])
+    outputs.append(
+        reference_attention(q[:, lo:hi], k[:, :k_hi], v[:, :k_hi], mask=block_mask, bias=block_bias,
+                            dropout_rng=rng, dropout_rate=dropout_rate, deterministic=deterministic,
+                            dtype=dtype)[0])
   return concat(outputs, 1)
 
 
@@ -190,9 +193,8 @@ def _zero_fully_masked_rows(out, mask):
 
 
 def _fused_attention(q, k, v, mask, bias, causal, dtype, implementation):
-  out = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                     bias=bias, mask=mask, is_causal=causal,
-                                     implementation=implementation)
+  out = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), bias=bias,
+                                     mask=mask, is_causal=causal, implementation=implementation)
   if causal:
     mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
   return _zero_fully_masked_rows(out, mask)
@@ -238,7 +240,6 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   the scores after adding its bias, so q is scaled here instead.
   """
   # Imported here: the module needs a TPU-enabled jaxlib and is never used elsewhere.
-  # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   b, t, h, d = q.shape
   s = k.shape[1]
@@ -252,7 +253,7 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
       q=jnp.ones((b, t + t_pad), jnp.int32), kv=key_segments)
   to_bhtd = lambda x, pad: jnp.swapaxes(
       jnp.pad(x.astype(dtype), ((0, 0), (0, pad), (0, 0), (0, 0))), 1, 2)
-  out = pallas_flash.flash_attention(to_bhtd(q * d ** -0.5, t_pad), to_bhtd(k, s_pad),
+  out = pallas_flash.flash_attention(to_bhtd(q * d**-0.5, t_pad), to_bhtd(k, s_pad),
                                      to_bhtd(v, s_pad), ab=ab, segment_ids=segment_ids,
                                      causal=causal)
   out = jnp.swapaxes(out, 1, 2)[:, :t]
@@ -294,9 +295,8 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
     implementation = auto_implementation(dropout)
     fallback = 'xla' if implementation == 'cudnn' else 'chunked'
   if implementation == 'chunked':
-    return chunked_attention(q, k, v, mask=mask, bias=bias, causal=causal,
-                             dropout_rng=dropout_rng, dropout_rate=dropout_rate,
-                             deterministic=deterministic, dtype=dtype)
+    return chunked_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout_rng=dropout_rng,
+                             dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype)
   if implementation == 'reference':
     if causal:
       mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
@@ -310,7 +310,7 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
       if implementation == 'pallas':
         return _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype)
       return _fused_attention(q, k, v, mask, bias, causal, dtype, implementation)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       # Only 'auto' falls back (at trace time): cuDNN rejects e.g. float32 or some head sizes.
       if fallback is None:
         raise

@@ -7,5 +7,7 @@ from transformer_jax.layers.blocks import InputEmbedding, TransformerBlock, Tran
 from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.layers.normalization import make_norm
 
-__all__ = ['FeedForward', 'InputEmbedding', 'MultiHeadAttention', 'TransformerBlock',
-           'TransformerStack', 'make_norm']
+__all__ = [
+    'FeedForward', 'InputEmbedding', 'MultiHeadAttention', 'TransformerBlock', 'TransformerStack',
+    'make_norm'
+]

@@ -22,7 +22,6 @@ from transformer_jax.model_config import TransformerConfig
 from transformer_jax.layers.position import apply_rotary
 from transformer_jax.kernels.scaled_dot_product import dot_product_attention, reference_attention
 
-
 # ---------------------------------------------------------------------------------------------
 # Multi-head attention
 
@@ -91,15 +90,15 @@ class MultiHeadAttention(nn.Module):
     elif intermediates:
       if causal:
         mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
-      out, weights = reference_attention(
-          q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
-          dropout_rate=cfg.attention_dropout_rate, deterministic=deterministic, dtype=cfg.dtype)
+      out, weights = reference_attention(q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
+                                         dropout_rate=cfg.attention_dropout_rate,
+                                         deterministic=deterministic, dtype=cfg.dtype)
       self.sow('intermediates', 'attention_weights', weights)
     else:
-      out = dot_product_attention(
-          q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
-          dropout_rate=cfg.attention_dropout_rate, deterministic=deterministic, dtype=cfg.dtype,
-          implementation=cfg.attention_implementation, causal=causal)
+      out = dot_product_attention(q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
+                                  dropout_rate=cfg.attention_dropout_rate,
+                                  deterministic=deterministic, dtype=cfg.dtype,
+                                  implementation=cfg.attention_implementation, causal=causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'kv'))
     return dense((cfg.emb_dim,), ('heads', 'kv', 'embed'), num_in_axes=2, name='out')(out)
 
@@ -122,11 +121,11 @@ class MultiHeadAttention(nn.Module):
     start = positions[0]
     # [B, T, K, D] -> keys [B, K, D, T] and values [B, K, T, D], written at slot `start`.
     cached_key.value = lax.dynamic_update_slice(
-        cached_key.value, jnp.transpose(k, (0, 2, 3, 1)).astype(cached_key.value.dtype),
-        (0, 0, 0, start))
+        cached_key.value,
+        jnp.transpose(k, (0, 2, 3, 1)).astype(cached_key.value.dtype), (0, 0, 0, start))
     cached_value.value = lax.dynamic_update_slice(
-        cached_value.value, jnp.swapaxes(v, 1, 2).astype(cached_value.value.dtype),
-        (0, 0, start, 0))
+        cached_value.value,
+        jnp.swapaxes(v, 1, 2).astype(cached_value.value.dtype), (0, 0, start, 0))
     cache_length = cached_key.value.shape[3]
     # Query at position p sees cached keys 0..p; slots beyond are empty (zeros), so hide them.
     cache_mask = (jnp.arange(cache_length)[None, :] <= positions[:, None])[None, None]

@@ -21,7 +21,7 @@ from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.layers.normalization import make_norm
 from transformer_jax.layers.position import (AbsolutePositionEmbedding, RelativePositionBias,
-                                      relative_position_bias)
+                                             relative_position_bias)
 
 ACTIVATION_AXES = ('batch', 'length', 'embed')
 
@@ -44,8 +44,7 @@ class TransformerBlock(nn.Module):
                positions=None, deterministic: bool = True, *, bias_fn=None):
     cfg = self.cfg
     if bias_table is not None:
-      bias_fn = functools.partial(relative_position_bias, bias_table,
-                                  bidirectional=not self.causal,
+      bias_fn = functools.partial(relative_position_bias, bias_table, bidirectional=not self.causal,
                                   max_distance=cfg.relative_max_distance, dtype=cfg.dtype)
 
     def residual(x, sublayer: Callable, name: str):
@@ -57,14 +56,15 @@ class TransformerBlock(nn.Module):
         x = norm(x + dropout(sublayer(x), deterministic=deterministic))
       return nn.with_logical_constraint(x, ACTIVATION_AXES)
 
-    x = residual(x, lambda h: MultiHeadAttention(cfg, causal=self.causal, name='self_attention')(
-        h, mask=self_mask, bias_fn=bias_fn, positions=positions, deterministic=deterministic),
+    x = residual(
+        x, lambda h: MultiHeadAttention(cfg, causal=self.causal, name='self_attention')
+        (h, mask=self_mask, bias_fn=bias_fn, positions=positions, deterministic=deterministic),
         'self_attention')
     if self.cross_attention:
-      x = residual(x, lambda h: MultiHeadAttention(cfg, name='cross_attention')(
-          h, encoded, mask=cross_mask, deterministic=deterministic), 'cross_attention')
-    x = residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic),
-                 'mlp')
+      x = residual(
+          x, lambda h: MultiHeadAttention(cfg, name='cross_attention')
+          (h, encoded, mask=cross_mask, deterministic=deterministic), 'cross_attention')
+    x = residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic), 'mlp')
     return (x, None) if self.scan_carry else x
 
 
@@ -83,16 +83,16 @@ class TransformerStack(nn.Module):
     if cfg.position == 'relative':
       # One bias table per stack, shared by its layers (as in T5); attention calls it once it
       # knows the key positions (in decode mode: every slot of the KV cache).
-      bias_fn = RelativePositionBias(
-          cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
-          bidirectional=not self.causal, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-          name='relative_bias')
+      bias_fn = RelativePositionBias(cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                     bidirectional=not self.causal, dtype=cfg.dtype,
+                                     param_dtype=cfg.param_dtype, name='relative_bias')
     remat = cfg.remat_policy != 'none' and not cfg.decode  # no backward pass when decoding
     if not (remat or cfg.scan_layers):
       for i in range(self.num_layers):
-        x = TransformerBlock(cfg, self.cross_attention, causal=self.causal, name=f'layer_{i}')(
-            x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias_fn=bias_fn,
-            positions=positions, deterministic=deterministic)
+        x = TransformerBlock(cfg, self.cross_attention, causal=self.causal,
+                             name=f'layer_{i}')(x, encoded, self_mask=self_mask,
+                                                cross_mask=cross_mask, bias_fn=bias_fn,
+                                                positions=positions, deterministic=deterministic)
     else:
       x = self._transformed_layers(x, encoded, self_mask, cross_mask, bias_fn, positions,
                                    deterministic, remat)
@@ -120,9 +120,9 @@ class TransformerStack(nn.Module):
       return x
     # The KV caches stack layers on axis 1: decoding helpers expect the row axis first.
     scanned = nn.scan(block, variable_axes={'params': 0, 'cache': 1, 'intermediates': 0},
-                      split_rngs={'params': True, 'dropout': True},
-                      in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
-                      metadata_params={nn.PARTITION_NAME: 'layers'})
+                      split_rngs={'params': True,
+                                  'dropout': True}, in_axes=(nn.broadcast,) * len(args),
+                      length=self.num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
     x, _ = scanned(cfg, self.cross_attention, scan_carry=True, causal=self.causal,
                    name='layers')(x, *args)
     return x

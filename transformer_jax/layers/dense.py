@@ -43,13 +43,16 @@ class DenseGeneral(nn.Module):
       # Initialise as the equivalent 2-D matrix so the scale depends on true fan-in/fan-out.
       return self.kernel_init(key, (fan_in, fan_out), dtype).reshape(shape)
 
-    kernel = self.param('kernel', nn.with_logical_partitioning(init_kernel, tuple(self.kernel_axes)),
+    kernel = self.param('kernel', nn.with_logical_partitioning(init_kernel,
+                                                               tuple(self.kernel_axes)),
                         in_shape + features, self.param_dtype)
     x2d = x.reshape(-1, fan_in).astype(self.dtype)
     y = x2d @ kernel.astype(self.dtype).reshape(fan_in, fan_out)
     if self.use_bias:
-      bias = self.param('bias', nn.with_logical_partitioning(
-          nn.initializers.zeros_init(), tuple(self.kernel_axes[self.num_in_axes:])),
-          features, self.param_dtype)
+      bias = self.param(
+          'bias',
+          nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                       tuple(self.kernel_axes[self.num_in_axes:])), features,
+          self.param_dtype)
       y = y + bias.astype(self.dtype).reshape(fan_out)
     return y.reshape(batch_shape + features)

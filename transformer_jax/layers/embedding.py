@@ -23,7 +23,7 @@ class Embed(nn.Module):
   stddev: float | None = None
 
   def setup(self):
-    stddev = self.stddev if self.stddev is not None else self.features ** -0.5
+    stddev = self.stddev if self.stddev is not None else self.features**-0.5
     self.embedding = self.param(
         'embedding',
         nn.with_logical_partitioning(nn.initializers.normal(stddev=stddev), ('vocab', 'embed')),

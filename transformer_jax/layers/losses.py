@@ -110,8 +110,7 @@ def projected_cross_entropy_sums(features, embedding, targets, weights,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _projected_sums(label_smoothing, steps, features, embedding, bias, targets, weights):
-  return _projected_forward(label_smoothing, steps, features, embedding, bias, targets,
-                            weights)[0]
+  return _projected_forward(label_smoothing, steps, features, embedding, bias, targets, weights)[0]
 
 
 def _projected_forward(label_smoothing, steps, features, embedding, bias, targets, weights):
@@ -126,8 +125,8 @@ def _projected_forward(label_smoothing, steps, features, embedding, bias, target
   def one_slice(carry, xs):
     x, target, w = xs
     x, target, w = x.reshape(-1, dim), target.reshape(-1), w.reshape(-1)
-    contract = lambda a, b, axis: lax.dot_general(a, b.astype(x.dtype), ((axis, axis), ((), ())),
-                                                  preferred_element_type=jnp.float32)
+    contract = lambda a, b, axis: lax.dot_general(a, b.astype(x.dtype), ((axis, axis), (
+        (), ())), preferred_element_type=jnp.float32)
     logits = contract(x, embedding, 1)  # x @ E^T
     if bias is not None:
       logits = logits + bias.astype(jnp.float32)
@@ -149,10 +148,11 @@ def _projected_forward(label_smoothing, steps, features, embedding, bias, target
     sums = carry[2] + jnp.stack([jnp.sum(w * smooth), jnp.sum(w * nll), jnp.sum(w * correct)])
     return (probs_features, probs_sum, sums), probs_embedding
 
-  init = (jnp.zeros((vocab, dim), jnp.float32), jnp.zeros((vocab,), jnp.float32),
-          jnp.zeros((3,), jnp.float32))
-  (probs_features, probs_sum, sums), probs_embedding = lax.scan(
-      one_slice, init, (by_slice(features), by_slice(targets), by_slice(weights)))
+  init = (jnp.zeros((vocab, dim), jnp.float32), jnp.zeros(
+      (vocab,), jnp.float32), jnp.zeros((3,), jnp.float32))
+  (probs_features, probs_sum,
+   sums), probs_embedding = lax.scan(one_slice, init,
+                                     (by_slice(features), by_slice(targets), by_slice(weights)))
   probs_embedding = jnp.swapaxes(probs_embedding.reshape(count, batch, steps, dim), 0, 1)
   out = (sums[0], sums[1], sums[2], jnp.sum(weights))
   return out, (features, embedding, bias, targets, weights,
@@ -175,18 +175,16 @@ def _projected_bwd(label_smoothing, steps, residuals, cotangents):
   embedding32 = embedding.astype(jnp.float32)
   # The row lookup and the row scatter-add on whole feature rows (`Embed.__call__` says why).
   target_rows = jnp.take(whole_rows(embedding32), targets, axis=0)
-  d_features = (a * probs_embedding - b * w * target_rows
-                - c * w * jnp.sum(embedding32, axis=0))
-  target_sums = whole_rows(jnp.zeros((vocab, dim), jnp.float32)).at[targets.reshape(-1)].add(
-      weighted_features)
-  d_embedding = (a * probs_features - b * whole_rows(target_sums)
-                 - c * jnp.sum(weighted_features, axis=0))
+  d_features = (a * probs_embedding - b * w * target_rows - c * w * jnp.sum(embedding32, axis=0))
+  target_sums = whole_rows(jnp.zeros((vocab, dim),
+                                     jnp.float32)).at[targets.reshape(-1)].add(weighted_features)
+  d_embedding = (a * probs_features - b * whole_rows(target_sums) -
+                 c * jnp.sum(weighted_features, axis=0))
   d_bias = None
   if bias is not None:  # the same rows summed: d(loss)/d(logits) summed over positions
-    d_bias = (a * probs_sum
-              - b * jnp.zeros((vocab,), jnp.float32).at[targets.reshape(-1)].add(
-                  weights.reshape(-1))
-              - c * jnp.sum(weights)).astype(bias.dtype)
+    d_bias = (a * probs_sum - b * jnp.zeros(
+        (vocab,), jnp.float32).at[targets.reshape(-1)].add(weights.reshape(-1)) -
+              c * jnp.sum(weights)).astype(bias.dtype)
   return (d_features.astype(features.dtype), d_embedding.astype(embedding.dtype), d_bias,
           np.zeros(targets.shape, jax.dtypes.float0), jnp.zeros_like(weights))
 

@@ -44,8 +44,9 @@ class AbsolutePositionEmbedding(nn.Module):
     if self.kind == 'sinusoidal':
       table = jnp.asarray(sinusoidal_table(self.max_len, dim))
     elif self.kind == 'learned':
-      table = self.param('embedding', nn.with_logical_partitioning(
-          nn.initializers.normal(stddev=0.02), ('position', 'embed')),
+      table = self.param(
+          'embedding',
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), ('position', 'embed')),
           (self.max_len, dim), self.param_dtype)
     else:
       raise ValueError(f'unknown absolute position kind {self.kind!r}')
@@ -64,7 +65,7 @@ def apply_rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) 
   query and key then depends only on their distance.
   """
   half = x.shape[-1] // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  inv_freq = base**(-jnp.arange(half, dtype=jnp.float32) / half)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [T, half] or [B, T, half]
   if angles.ndim == 2:
     angles = angles[None]
@@ -75,8 +76,8 @@ def apply_rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) 
   return rotated.astype(x.dtype)
 
 
-def relative_position_bucket(relative_position: jnp.ndarray, bidirectional: bool,
-                             num_buckets: int, max_distance: int) -> jnp.ndarray:
+def relative_position_bucket(relative_position: jnp.ndarray, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> jnp.ndarray:
   """T5's bucketing of key_pos - query_pos: exact for small offsets, logarithmic beyond.
 
   Bidirectional attention spends half the buckets on each direction; causal attention only
@@ -93,19 +94,20 @@ def relative_position_bucket(relative_position: jnp.ndarray, bidirectional: bool
   max_exact = num_buckets // 2
   is_small = n < max_exact
   # Offsets from max_exact up to max_distance share log-spaced buckets; farther ones share the last.
-  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(max_distance / max_exact)
+  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
+      max_distance / max_exact)
   large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
   large = jnp.minimum(large, num_buckets - 1)
   return bucket + jnp.where(is_small, n, large)
 
 
-def relative_position_bias(table: jnp.ndarray, q_positions: jnp.ndarray,
-                           k_positions: jnp.ndarray, *, bidirectional: bool, max_distance: int,
+def relative_position_bias(table: jnp.ndarray, q_positions: jnp.ndarray, k_positions: jnp.ndarray,
+                           *, bidirectional: bool, max_distance: int,
                            dtype=jnp.float32) -> jnp.ndarray:
   """table [buckets, H], q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
   relative = k_positions[None, :] - q_positions[:, None]
   buckets = relative_position_bucket(relative, bidirectional, table.shape[0], max_distance)
-  bias = jnp.take(table, buckets, axis=0)         # [Tq, Tk, H]
+  bias = jnp.take(table, buckets, axis=0)  # [Tq, Tk, H]
   return jnp.transpose(bias, (2, 0, 1))[None].astype(dtype)
 
 
@@ -123,12 +125,14 @@ class RelativePositionBias(nn.Module):
   param_dtype: object = jnp.float32
 
   def setup(self):
-    self.table = self.param('rel_embedding', nn.with_logical_partitioning(
-        nn.initializers.normal(stddev=0.1), ('relpos_buckets', 'heads')),
+    self.table = self.param(
+        'rel_embedding',
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=0.1),
+                                     ('relpos_buckets', 'heads')),
         (self.num_buckets, self.num_heads), self.param_dtype)
 
   def __call__(self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> jnp.ndarray:
     """q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
     return relative_position_bias(self.table, q_positions, k_positions,
-                                  bidirectional=self.bidirectional,
-                                  max_distance=self.max_distance, dtype=self.dtype)
+                                  bidirectional=self.bidirectional, max_distance=self.max_distance,
+                                  dtype=self.dtype)

@@ -25,8 +25,6 @@ from transformer_jax.model_config import TransformerConfig
 from transformer_jax.special_tokens import PAD_ID
 from transformer_jax.layers.normalization import make_norm
 
-
-
 # BERT's architecture, whatever its size: Post-LN with a normalised embedding sum, learned
 # positions, exact GELU, biases, tied MLM output, N(0, 0.02) init. Written once: the experiment
 # configs (experiments/configs/bert_common.py) take it from here.
@@ -74,17 +72,19 @@ class Bert(nn.Module):
                              stddev=cfg.embed_init_std)
     # A handful of rows: replicated (None), never split over the 'vocab' mesh axis.
     self.segment_embedding = self.param(
-        'segment_embedding', nn.with_logical_partitioning(
-            nn.initializers.normal(cfg.embed_init_std or 0.02), (None, 'embed')),
-        (self.type_vocab_size, cfg.emb_dim), cfg.param_dtype)
+        'segment_embedding',
+        nn.with_logical_partitioning(nn.initializers.normal(cfg.embed_init_std or 0.02),
+                                     (None, 'embed')), (self.type_vocab_size, cfg.emb_dim),
+        cfg.param_dtype)
     self.input_embedding = InputEmbedding(cfg, self.token_embed)
     self.encoder = TransformerStack(cfg, cfg.num_encoder_layers, causal=False)
     self.pooler = _dense(cfg, cfg.emb_dim, ('embed', 'mlp'), 'pooler')
     if self.mlm:
       self.mlm_transform = _dense(cfg, cfg.emb_dim, ('embed', 'mlp'), 'mlm_transform')
       self.mlm_norm = make_norm(cfg, 'mlm_norm')
-      self.mlm_bias = self.param('mlm_bias', nn.with_logical_partitioning(
-          nn.initializers.zeros_init(), ('vocab',)), (cfg.vocab_size,), cfg.param_dtype)
+      self.mlm_bias = self.param(
+          'mlm_bias', nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',)),
+          (cfg.vocab_size,), cfg.param_dtype)
     if self.sentence_classes:
       self.sentence_head = _dense(cfg, self.sentence_classes, ('embed', None), 'sentence_head')
     if self.num_labels:

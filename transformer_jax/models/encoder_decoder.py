@@ -20,7 +20,6 @@ from transformer_jax.model_config import TransformerConfig
 from transformer_jax.special_tokens import PAD_ID
 
 
-
 def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID) -> jnp.ndarray:
   """Decoder inputs: the targets delayed by one step, starting with `start_id` (teacher forcing)."""
   start = jnp.full(targets.shape[:1] + (1,), start_id, targets.dtype)
@@ -35,11 +34,11 @@ class EncoderDecoder(nn.Module):
     if cfg.share_embeddings and cfg.source_vocab_size != cfg.vocab_size:
       raise ConfigError('share_embeddings=True needs source_vocab_size == vocab_size '
                         f'(got {cfg.source_vocab_size} and {cfg.vocab_size})')
-    embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
-                                     stddev=cfg.embed_init_std, name=name)
+    embed = lambda size, name: Embed(size, cfg.emb_dim, cfg.dtype, cfg.param_dtype, stddev=cfg.
+                                     embed_init_std, name=name)
     self.target_embed = embed(cfg.vocab_size, 'target_embed')
-    self.source_embed = (self.target_embed if cfg.share_embeddings
-                         else embed(cfg.source_vocab_size, 'source_embed'))
+    self.source_embed = (self.target_embed if cfg.share_embeddings else embed(
+        cfg.source_vocab_size, 'source_embed'))
     # The encoder never decodes incrementally: it runs once per source sentence.
     encoder_cfg = cfg.replace(decode=False)
     self.encoder_input = InputEmbedding(encoder_cfg, self.source_embed)

@@ -17,7 +17,6 @@ from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
 from transformer_jax.model_config import TransformerConfig
 
-
 # GPT-2's architecture, whatever its size: learned positions, Pre-LN, tanh-GELU, biases, tied
 # output embedding, N(0, 0.02) init. Experiment configs (experiments/configs/lm_common.py) take
 # these switches from here, so the preset is written once.
@@ -29,8 +28,8 @@ GPT2_ARCHITECTURE = dict(norm_type='layernorm', norm_position='pre', norm_epsilo
 def gpt2_config(**overrides) -> TransformerConfig:
   """GPT-2 small (124M) by default; override sizes for smaller models."""
   values = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
-                num_decoder_layers=12, max_len=1024, dropout_rate=0.1,
-                attention_dropout_rate=0.1, **GPT2_ARCHITECTURE)
+                num_decoder_layers=12, max_len=1024, dropout_rate=0.1, attention_dropout_rate=0.1,
+                **GPT2_ARCHITECTURE)
   values.update(overrides)
   return TransformerConfig(**values)
 

@@ -80,9 +80,10 @@ def initialize(config=None) -> bool:
                                process_id=process_id)
   except RuntimeError as error:
     if 'before' in str(error) and 'initialize' in str(error):
-      raise ConfigError('distributed: jax.distributed.initialize() must run before anything '
-                        'uses the devices; call transformer_jax.parallel.distributed.initialize(config) '
-                        'first in the entry point') from error
+      raise ConfigError(
+          'distributed: jax.distributed.initialize() must run before anything '
+          'uses the devices; call transformer_jax.parallel.distributed.initialize(config) '
+          'first in the entry point') from error
     raise
   logging.info('process %d of %d; %d local and %d global devices', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

@@ -51,9 +51,10 @@ class BertPretrainTask:
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
     out = self._apply(params, batch, rng, deterministic, method=Bert.features)
-    _, nll, correct, weight = projected_cross_entropy_sums(
-        out['mlm_features'], out['mlm_embedding'], batch['mlm_ids'], batch['mlm_weights'],
-        bias=out['mlm_bias'])
+    _, nll, correct, weight = projected_cross_entropy_sums(out['mlm_features'],
+                                                           out['mlm_embedding'], batch['mlm_ids'],
+                                                           batch['mlm_weights'],
+                                                           bias=out['mlm_bias'])
     loss = nll / jnp.maximum(weight, 1.0)
     if self.sentence_task != 'none':
       s_nll = cross_entropy_sums(out['sentence_logits'], batch['sentence_labels'],
@@ -78,8 +79,10 @@ class BertPretrainTask:
     with sharding.use_mesh(context.mesh):
       sums = [self._eval_fn(params, context.to_global(b)) for b in self.eval_batches]
     nll, correct, weight = np.sum(np.asarray(jax.device_get(sums)), axis=0)
-    return {f'{self.sentence_task}_loss': float(nll / max(weight, 1.0)),
-            f'{self.sentence_task}_accuracy': float(correct / max(weight, 1.0))}
+    return {
+        f'{self.sentence_task}_loss': float(nll / max(weight, 1.0)),
+        f'{self.sentence_task}_accuracy': float(correct / max(weight, 1.0))
+    }
 
 
 class BertClassificationTask:

@@ -34,14 +34,14 @@ class LanguageModelTask:
 
   def __init__(self, cfg: TransformerConfig, *, tokenizer=None, eos_id: int | None = None,
                sample_prompt: list[int] | None = None, sample_tokens: int = 200,
-               temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0,
-               sample_seed: int = 0, attention_text: str = ATTENTION_TEXT):
+               temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0, sample_seed: int = 0,
+               attention_text: str = ATTENTION_TEXT):
     self.cfg = cfg
     self.model = GPT(cfg)
     # Dropout is off when generating; decode mode keeps the KV cache. Layers run unrolled
     # (scanned params are converted): a scanned stack would copy its KV caches every step.
-    self.decode_model = GPT(cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0,
-                                        attention_dropout_rate=0.0))
+    self.decode_model = GPT(
+        cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0, attention_dropout_rate=0.0))
     self.tokenizer, self.eos_id = tokenizer, eos_id
     self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -94,9 +94,8 @@ class LanguageModelTask:
       logits, cache = run(tokens, cache)
       return logits[:, -1, :], cache
 
-    return search.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1],
-                           max_len=num_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                           eos_id=eos_id)
+    return search.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1], max_len=num_new,
+                         temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)
 
   def generate(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -133,9 +132,10 @@ class LanguageModelTask:
         num_new = max_len + 1 - context.shape[1]
         if segment == 0:
           num_new = min(num_new, remaining)
-        new = np.asarray(jax.device_get(self._segment_fn(
-            params, jnp.asarray(context), jax.random.fold_in(rng, segment), *knobs,
-            num_new=num_new, eos_id=eos_id)))
+        new = np.asarray(
+            jax.device_get(
+                self._segment_fn(params, jnp.asarray(context), jax.random.fold_in(rng, segment),
+                                 *knobs, num_new=num_new, eos_id=eos_id)))
         produced.append(new)
         tokens = np.concatenate([tokens, new], axis=1)
         segment += 1
@@ -154,9 +154,10 @@ class LanguageModelTask:
 
   def sample_text(self, params, max_new_tokens: int | None = None) -> str:
     """The fixed evaluation sample: fixed prompt, fixed seed (comparable across steps)."""
-    new = self.generate(params, np.asarray([self.sample_prompt], np.int32),
-                        max_new_tokens or self.sample_tokens, jax.random.key(self.sample_seed),
-                        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+    new = self.generate(params, np.asarray([self.sample_prompt],
+                                           np.int32), max_new_tokens or self.sample_tokens,
+                        jax.random.key(self.sample_seed), temperature=self.temperature,
+                        top_k=self.top_k, top_p=self.top_p)
     return self.tokenizer.decode(list(self.sample_prompt)) + self.tokenizer.decode(new[0])
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
@@ -174,8 +175,8 @@ class LanguageModelTask:
     """Self-attention maps (layers x heads) of the model reading a fixed line, for TensorBoard."""
     if self.tokenizer is None or not self.attention_text:
       return {}
-    from transformer_jax import visualize  # pylint: disable=g-import-not-at-top
-    from transformer_jax.data import lm as lm_data  # pylint: disable=g-import-not-at-top
+    from transformer_jax import visualize
+    from transformer_jax.data import lm as lm_data
     if isinstance(self.tokenizer, lm_data.CharTokenizer):
       ids = self.tokenizer.encode(self.attention_text, skip_unknown=True)
     else:

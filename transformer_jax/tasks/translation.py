@@ -26,16 +26,15 @@ from transformer_jax.models import EncoderDecoder
 class TranslationTask:
   """Sequence-to-sequence training and decoding for an `EncoderDecoder`."""
 
-  def __init__(self, cfg: TransformerConfig, *, label_smoothing: float = 0.1,
-               beam_size: int = 4, alpha: float = 0.6, decode_rows: int = 64,
-               src_tokenizer=None, tgt_tokenizer=None, eval_sources=(), eval_references=(),
-               num_samples: int = 3):
+  def __init__(self, cfg: TransformerConfig, *, label_smoothing: float = 0.1, beam_size: int = 4,
+               alpha: float = 0.6, decode_rows: int = 64, src_tokenizer=None, tgt_tokenizer=None,
+               eval_sources=(), eval_references=(), num_samples: int = 3):
     self.cfg = cfg
     self.model = EncoderDecoder(cfg)
     # Decoding runs the layers unrolled (scan_layout.unstack_layers converts scanned params):
     # a scanned stack would copy every layer's KV cache on every step.
-    self.decode_model = EncoderDecoder(cfg.replace(decode=True, scan_layers=False,
-                                                   dropout_rate=0.0, attention_dropout_rate=0.0))
+    self.decode_model = EncoderDecoder(
+        cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0, attention_dropout_rate=0.0))
     self.label_smoothing = label_smoothing
     self.beam_size, self.alpha, self.decode_rows = beam_size, alpha, decode_rows
     self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
@@ -73,25 +72,26 @@ class TranslationTask:
     inputs_b = search.expand_to_beams(inputs, beam_size)
 
     def tokens_to_logits(tokens, cache):
-      logits, updated = self.decode_model.apply(
-          {'params': decode_params, 'cache': cache}, encoded_b, inputs_b, tokens,
-          method=EncoderDecoder.decode, mutable=['cache'])
+      logits, updated = self.decode_model.apply({'params': decode_params, 'cache': cache},
+                                                encoded_b, inputs_b, tokens,
+                                                method=EncoderDecoder.decode, mutable=['cache'])
       return logits[:, -1, :], updated['cache']
 
     if beam_size == 1:
-      return search.greedy_search(tokens_to_logits, cache, batch_size=batch_size,
-                                    max_len=max_len, eos_id=EOS_ID)
+      return search.greedy_search(tokens_to_logits, cache, batch_size=batch_size, max_len=max_len,
+                                  eos_id=EOS_ID)
     sequences, _ = search.beam_search(tokens_to_logits, cache, batch_size=batch_size,
-                                        beam_size=beam_size, max_len=max_len, alpha=alpha,
-                                        eos_id=EOS_ID)
+                                      beam_size=beam_size, max_len=max_len, alpha=alpha,
+                                      eos_id=EOS_ID)
     return sequences[:, 0, :]
 
   def _predict_fn(self, mesh, max_len: int, beam_size: int, alpha: float):
     key = (id(mesh), max_len, beam_size, alpha)
     if key not in self._predict_fns:
-      self._predict_fns[key] = jax.jit(functools.partial(
-          self.predict_tokens, max_len=max_len, beam_size=beam_size, alpha=alpha),
-          out_shardings=sharding.replicated(mesh), compiler_options=search.decode_compiler_options())
+      self._predict_fns[key] = jax.jit(
+          functools.partial(self.predict_tokens, max_len=max_len, beam_size=beam_size,
+                            alpha=alpha), out_shardings=sharding.replicated(mesh),
+          compiler_options=search.decode_compiler_options())
     return self._predict_fns[key]
 
   def translate(self, params, sources: list[str], mesh, *, beam_size: int | None = None,
@@ -116,8 +116,8 @@ class TranslationTask:
         for r, i in enumerate(chunk):
           inputs[r, :len(encoded[i])] = encoded[i]
         inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
-        tokens = np.asarray(jax.device_get(
-            self._predict_fn(mesh, max_len, beam_size, alpha)(params, inputs)))
+        tokens = np.asarray(
+            jax.device_get(self._predict_fn(mesh, max_len, beam_size, alpha)(params, inputs)))
         for r, i in enumerate(chunk):
           outputs[i] = self.tgt_tokenizer.decode(tokens[r].tolist())
     return outputs
@@ -136,10 +136,11 @@ class TranslationTask:
       samples.append(f'SRC: {self.eval_sources[i]}\nREF: {self.eval_references[i]}\n'
                      f'OUT: {hypotheses[i]}')
     logging.info('step %d: BLEU %.2f on %d sentences (beam %d, %.1f s)\n%s', step, bleu.score,
-                 len(hypotheses), self.beam_size, time.time() - start, '\n\n'.join(samples))
+                 len(hypotheses), self.beam_size,
+                 time.time() - start, '\n\n'.join(samples))
     context.write_text(step, 'samples', '\n\n'.join(s.replace('\n', '  \n') for s in samples))
-    exact = float(np.mean([h.strip() == r.strip() for h, r in
-                           zip(hypotheses, self.eval_references)]))
+    exact = float(
+        np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, self.eval_references)]))
     return {'bleu': bleu.score, 'exact_match': exact}
 
   def summary_images(self, params) -> dict[str, np.ndarray]:
@@ -147,7 +148,7 @@ class TranslationTask:
     reference teacher-forced: the same sentence at every evaluation, for TensorBoard."""
     if not self.eval_sources or self.src_tokenizer is None:
       return {}
-    from transformer_jax import visualize  # pylint: disable=g-import-not-at-top
+    from transformer_jax import visualize
     maps = visualize.translation_attention(self.model, params, self.src_tokenizer,
                                            self.tgt_tokenizer, self.eval_sources[0],
                                            self.eval_references[0])

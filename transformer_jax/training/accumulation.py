@@ -19,8 +19,10 @@ import jax.numpy as jnp
 
 def split_micro_batches(batch: dict, k: int) -> dict:
   """[B, ...] arrays -> [k, B/k, ...]; micro-batch i is rows i, i+k, ... of the batch."""
+
   def split(x):
     return x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1)
+
   return jax.tree.map(split, batch)
 
 
@@ -45,10 +47,10 @@ def accumulated_value_and_grad(loss_fn: Callable, params, batch: dict, rng, k: i
              jax.tree.map(lambda s, g: s + g * weight.astype(g.dtype), grad_sums, grads))
     return carry, None
 
-  init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros(metric_shapes),
-          zeros(grad_shapes))
-  (loss_sum, weight_sum, metric_sums, grad_sums), _ = jax.lax.scan(
-      body, init, (jnp.arange(k), micro))
+  init = (jnp.zeros((), jnp.float32), jnp.zeros(
+      (), jnp.float32), zeros(metric_shapes), zeros(grad_shapes))
+  (loss_sum, weight_sum, metric_sums, grad_sums), _ = jax.lax.scan(body, init,
+                                                                   (jnp.arange(k), micro))
   scale = jnp.where(weight_sum > 0, 1.0 / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
   grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grad_sums)
   return ((loss_sum * scale).astype(loss_shape.dtype), metric_sums), grads

@@ -31,9 +31,9 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     # Handlers named up front so that a fresh manager can read a step's metadata (shapes).
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={'state': ocp.StandardCheckpointHandler(),
-                       'data': ocp.JsonCheckpointHandler()})
+        self.directory, options=options, item_handlers={
+            'state': ocp.StandardCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()
+        })
 
   def all_steps(self) -> list[int]:
     """Steps of the checkpoints kept, oldest first."""
@@ -48,8 +48,9 @@ class Checkpointer:
     if step in self.manager.all_steps():
       return False
     with self._storage_errors():  # also reports a failure of the previous (async) save
-      self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+      self.manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=ocp.args.JsonSave(data_state)), force=True)
     return True
 
   @contextlib.contextmanager
@@ -57,16 +58,16 @@ class Checkpointer:
     """A full disk, quota or permission problem while saving becomes one DataError line."""
     try:
       yield
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       text = f'{type(error).__name__}: {error}'
       if not isinstance(error, OSError) and not any(m in text for m in _STORAGE_ERRORS):
         raise
       committed = self.manager.all_steps()
       kept = f'step {max(committed)}' if committed else 'none yet'
       reason = next((m for m in _STORAGE_ERRORS if m in text), type(error).__name__)
-      raise DataError(f'cannot write a checkpoint in {self.directory} ({reason}); free space or '
-                      f'choose another --workdir and rerun (last good checkpoint: {kept})'
-                      ) from None
+      raise DataError(
+          f'cannot write a checkpoint in {self.directory} ({reason}); free space or '
+          f'choose another --workdir and rerun (last good checkpoint: {kept})') from None
 
   def check_fits(self, abstract_state):
     """ConfigError if the latest readable checkpoint's shapes differ from `abstract_state`.
@@ -76,7 +77,7 @@ class Checkpointer:
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         stored = self.manager.item_metadata(step)['state']
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         continue  # unreadable: restore() reports it and falls back
       if stored is not None:
         _check_shapes(abstract_state, stored, step, self.directory)
@@ -92,15 +93,16 @@ class Checkpointer:
     for candidate in steps:
       try:
         stored = self.manager.item_metadata(candidate)['state']
-      except Exception as error:  # pylint: disable=broad-except
+      except Exception as error:
         _log_unreadable(candidate, self.directory, error)
         continue
       if stored is not None:
         _check_shapes(abstract_state, stored, candidate, self.directory)
       try:
-        restored = self.manager.restore(candidate, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-      except Exception as error:  # pylint: disable=broad-except
+        restored = self.manager.restore(
+            candidate, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                               data=ocp.args.JsonRestore()))
+      except Exception as error:
         # Shape mismatches are a config problem, not corruption: let the caller explain them.
         if 'shape' in str(error).lower() and 'mismatch' in str(error).lower():
           raise
@@ -120,7 +122,8 @@ class Checkpointer:
 
 def _log_unreadable(step: int, directory: str, error: Exception):
   logging.error('checkpoint at step %d in %s could not be restored (%s: %s); trying an older one',
-                step, directory, type(error).__name__,
+                step, directory,
+                type(error).__name__,
                 str(error).splitlines()[0][:200] if str(error) else '')
 
 
@@ -137,12 +140,16 @@ def _shapes_by_name(tree) -> dict[str, tuple]:
 def _check_shapes(abstract_state, stored_metadata, step: int, directory: str):
   """ConfigError naming the first parameter whose shape (or presence) differs."""
   wanted, stored = _shapes_by_name(abstract_state), _shapes_by_name(stored_metadata)
-  problems = [f'{name} has shape {stored[name]} in the checkpoint but {wanted[name]} in the '
-              'config' for name in wanted if name in stored and stored[name] != wanted[name]]
-  problems += [f'{name} is in the config but not in the checkpoint'
-               for name in wanted if name not in stored]
-  problems += [f'{name} is in the checkpoint but not in the config'
-               for name in stored if name not in wanted]
+  problems = [
+      f'{name} has shape {stored[name]} in the checkpoint but {wanted[name]} in the '
+      'config' for name in wanted if name in stored and stored[name] != wanted[name]
+  ]
+  problems += [
+      f'{name} is in the config but not in the checkpoint' for name in wanted if name not in stored
+  ]
+  problems += [
+      f'{name} is in the checkpoint but not in the config' for name in stored if name not in wanted
+  ]
   if problems:
     problems.sort(key=lambda p: not p.startswith('params.'))  # parameters before Adam moments
     raise ConfigError(

@@ -18,7 +18,6 @@ def _summary_writer(logdir: str):
   every run 2-3 s and ~300 MB here. A None entry in sys.modules makes that import fail at once,
   and is removed straight after, so torch stays importable.
   """
-  # pylint: disable=g-import-not-at-top
   if 'torch' in sys.modules or 'tensorboardX' in sys.modules:
     from tensorboardX import SummaryWriter
   else:

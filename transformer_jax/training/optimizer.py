@@ -24,7 +24,8 @@ def make_schedule(opt) -> optax.Schedule:
   if opt.schedule not in SCHEDULES:
     raise ConfigError(f'optimizer.schedule must be one of {SCHEDULES}, got {opt.schedule!r}')
   if lr <= 0 or warmup < 0:
-    raise ConfigError(f'optimizer: need learning_rate > 0 and warmup_steps >= 0 (got {lr}, {warmup})')
+    raise ConfigError(
+        f'optimizer: need learning_rate > 0 and warmup_steps >= 0 (got {lr}, {warmup})')
   warmup_fn = lambda step: lr * jnp.minimum(1.0, (step + 1) / max(warmup, 1))
   end_lr = float(opt.get('end_learning_rate', 0.0))
   decay_steps = int(opt.get('decay_steps', 0))
@@ -44,9 +45,11 @@ def make_schedule(opt) -> optax.Schedule:
       raise ConfigError(f'optimizer.cooldown_steps ({cooldown}) must end at decay_steps '
                         f'({decay_steps}) and start after warmup_steps ({warmup})')
     peak = float(base(start))  # where the cooldown starts from
+
     def with_cooldown(step):
       frac = jnp.clip((step - start) / cooldown, 0.0, 1.0)
       return jnp.where(step < start, base(step), peak + (end_lr - peak) * frac)
+
     return with_cooldown
   if cooldown:
     raise ConfigError(f'optimizer.cooldown_steps applies to rsqrt and constant; '
@@ -55,9 +58,10 @@ def make_schedule(opt) -> optax.Schedule:
     raise ConfigError(f'optimizer.decay_steps ({decay_steps}) must exceed warmup_steps ({warmup})')
   if opt.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, decay_steps, end_lr)
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, end_lr, decay_steps - warmup)],
-      [warmup])
+  return optax.join_schedules([
+      optax.linear_schedule(0.0, lr, warmup),
+      optax.linear_schedule(lr, end_lr, decay_steps - warmup)
+  ], [warmup])
 
 
 def _decay_mask(params):
@@ -71,6 +75,7 @@ def make_optimizer(opt) -> tuple[optax.GradientTransformation, optax.Schedule]:
   parts = []
   if opt.get('grad_clip_norm', 0.0):
     parts.append(optax.clip_by_global_norm(float(opt.grad_clip_norm)))
-  parts.append(optax.adamw(schedule, b1=float(opt.b1), b2=float(opt.b2), eps=float(opt.eps),
-                           weight_decay=float(opt.weight_decay), mask=_decay_mask))
+  parts.append(
+      optax.adamw(schedule, b1=float(opt.b1), b2=float(opt.b2), eps=float(opt.eps),
+                  weight_decay=float(opt.weight_decay), mask=_decay_mask))
   return optax.chain(*parts), schedule

@@ -48,7 +48,7 @@ class StopSignal:
     self.synced = self.multi_process and _preemption_service_running()
     self._previous = {}
 
-  def _handler(self, signum, frame):  # pylint: disable=unused-argument
+  def _handler(self, signum, frame):
     self.received = signal.Signals(signum).name
     if self.synced:  # let the preemption service see it and tell the other processes
       signal.raise_signal(signal.SIGTERM)
@@ -57,9 +57,10 @@ class StopSignal:
     signals = [signal.SIGINT] if self.synced else [signal.SIGTERM, signal.SIGINT]
     self._previous = {s: signal.signal(s, self._handler) for s in signals}
     if self.multi_process:
-      logging.info('%d processes: a SIGTERM/SIGINT to any of them stops all at the same step '
-                   '(%s)', jax.process_count(),
-                   'JAX preemption service' if self.synced else 'stop flag all-gathered each step')
+      logging.info(
+          '%d processes: a SIGTERM/SIGINT to any of them stops all at the same step '
+          '(%s)', jax.process_count(),
+          'JAX preemption service' if self.synced else 'stop flag all-gathered each step')
     return self
 
   def __exit__(self, *exc):

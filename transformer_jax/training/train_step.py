@@ -59,6 +59,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, seed: i
 
 def make_eval_step(loss_fn: Callable):
   """params, batch -> metric sums of the deterministic loss (no dropout)."""
+
   def eval_step(params, batch: Batch) -> Metrics:
     return loss_fn(params, batch, None, True)[1]
+
   return eval_step

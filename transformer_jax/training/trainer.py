@@ -29,8 +29,10 @@ from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.train_step import (Batch, Metrics, TrainState, make_eval_step,
                                                  make_train_step)
 
-__all__ = ['EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'make_eval_step',
-           'make_train_step']
+__all__ = [
+    'EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'make_eval_step',
+    'make_train_step'
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +49,8 @@ class Task(Protocol):
   def init_variables(self, rng: jax.Array) -> dict:
     """Boxed (logically partitioned) variables {'params': ...} from `model.init`."""
 
-  def loss_fn(self, params, batch: Batch, rng: jax.Array | None, deterministic: bool
-              ) -> tuple[jnp.ndarray, Metrics]:
+  def loss_fn(self, params, batch: Batch, rng: jax.Array | None,
+              deterministic: bool) -> tuple[jnp.ndarray, Metrics]:
     """(mean loss to differentiate, metric *sums* incl. 'weight' = number of scored tokens)."""
 
   def evaluate(self, context: EvalContext, params, step: int) -> dict[str, float]:
@@ -115,8 +117,7 @@ class Trainer:
 
   def _create_state(self, rng) -> TrainState:
     params = self.task.init_variables(rng)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=self.tx.init(params))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
 
   def _build_state_shardings(self):
     boxed = jax.eval_shape(self._create_state, jax.random.key(0))
@@ -160,8 +161,11 @@ class Trainer:
 
   def to_global(self, batch: Batch) -> dict[str, jax.Array]:
     """Host batch (this process's rows) -> global arrays sharded over data x fsdp."""
-    return {k: jax.make_array_from_process_local_data(self._batch_sharding, v)
-            for k, v in batch.items() if k != 'index'}
+    return {
+        k: jax.make_array_from_process_local_data(self._batch_sharding, v)
+        for k, v in batch.items()
+        if k != 'index'
+    }
 
   # -- evaluation -----------------------------------------------------------------------------
 
@@ -176,11 +180,11 @@ class Trainer:
     totals = _host_sums(sums)
     weight = max(totals.get('weight', 0.0), 1.0)
     out = {('accuracy' if k == 'correct' else k): v / weight
-           for k, v in totals.items() if k != 'weight'}
+           for k, v in totals.items()
+           if k != 'weight'}
     if 'loss' in out:
       out['perplexity'] = float(np.exp(min(out['loss'], 50.0)))
     return out
-
 
   def _evaluate_and_log(self, params, step: int, eval_batches_fn) -> dict[str, float]:
     """Eval loss, the task's own evaluation and pictures; written, logged and returned."""
@@ -235,8 +239,9 @@ class Trainer:
             logging.info('saved checkpoint at step %d', step)
         interrupted = stop not in (None, _DONE, _OUT_OF_TIME)
         if interrupted:
-          logging.warning('received %s: checkpoint written at step %d, exiting cleanly; rerun '
-                          'the same command to resume', stop, step)
+          logging.warning(
+              'received %s: checkpoint written at step %d, exiting cleanly; rerun '
+              'the same command to resume', stop, step)
         else:
           if stop == _OUT_OF_TIME:
             logging.info('time budget of %.1f minutes reached at step %d', progress.max_minutes,
@@ -263,12 +268,12 @@ class Trainer:
         'skipped_nonfinite': guard.add(int(sums.get('skipped', 0))),
     }
     self.metrics.scalars(step, scalars, 'train')
-    logging.info('step %d/%d | loss %.4f | acc %.3f | lr %.2e | gnorm %.2f | %.2f steps/s | %s '
-                 'tok/s | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
-                 scalars['accuracy'], scalars['learning_rate'], scalars['grad_norm'],
-                 scalars['steps_per_s'], f"{scalars['tokens_per_s']:,.0f}",
-                 format_duration(progress.elapsed()),
-                 format_duration(progress.remaining(step, scalars['steps_per_s'])))
+    logging.info(
+        'step %d/%d | loss %.4f | acc %.3f | lr %.2e | gnorm %.2f | %.2f steps/s | %s '
+        'tok/s | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
+        scalars['accuracy'], scalars['learning_rate'], scalars['grad_norm'], scalars['steps_per_s'],
+        f"{scalars['tokens_per_s']:,.0f}", format_duration(progress.elapsed()),
+        format_duration(progress.remaining(step, scalars['steps_per_s'])))
     guard.check(step)
     return {f'train_{k}': v for k, v in scalars.items()}
 

@@ -55,9 +55,10 @@ def overlay_params(state, pretrained: dict):
 
 # -- pretraining --------------------------------------------------------------------------------
 
+
 def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
   """(training documents, held-out documents), each a list of sentence lines."""
-  from transformer_jax.data import bert_pretrain  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import bert_pretrain
   data = config.data
   if data.source == 'files':
     paths = [p.strip() for p in str(data.paths).split(',') if p.strip()]
@@ -65,12 +66,12 @@ def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
       raise ConfigError('data.paths is empty: pass --config.data.paths=FILE[,FILE...]')
     documents = []
     for path in paths:
-      documents += bert_pretrain.read_documents(path, lines_per_document=int(
-          data.get('lines_per_document', 0)))
+      documents += bert_pretrain.read_documents(
+          path, lines_per_document=int(data.get('lines_per_document', 0)))
     return bert_pretrain.split_documents(documents, float(data.valid_fraction),
                                          seed=int(config.seed))
   if data.source == 'tfds':
-    from transformer_jax.data.tfds_text import load_tfds_train_valid  # pylint: disable=g-import-not-at-top
+    from transformer_jax.data.tfds_text import load_tfds_train_valid
     train, valid = load_tfds_train_valid(data)
     to_docs = bert_pretrain.text_to_document
     return ([d for d in map(to_docs, train) if d], [d for d in map(to_docs, valid) if d])
@@ -79,7 +80,7 @@ def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
 
 def pretrain_tokenizer(config, workdir: str, train_documents=None):
   """tokenizer.vocab_file if set, else WORKDIR/vocab.txt (trained on the first run)."""
-  from transformer_jax.data.wordpiece import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data.wordpiece import WordPieceTokenizer
   t = config.tokenizer
   if t.vocab_file:
     return WordPieceTokenizer.from_vocab(t.vocab_file, lowercase=bool(t.lowercase))
@@ -88,6 +89,7 @@ def pretrain_tokenizer(config, workdir: str, train_documents=None):
     if train_documents is None:
       raise ConfigError(f'no {VOCAB_FILE} in {workdir}: pretrain first')
     return (line for doc in train_documents for line in doc)
+
   return WordPieceTokenizer.load_or_train(os.path.join(workdir, VOCAB_FILE), texts,
                                           int(t.vocab_size), lowercase=bool(t.lowercase))
 
@@ -97,9 +99,10 @@ def pretrain_model_config(config, vocab_size: int):
 
 
 def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
-  """(task, trainer, tokenizer) for a pretraining config; the workdir's tokenizer if none is given."""
-  from transformer_jax.tasks.bert import BertPretrainTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  """(task, trainer, tokenizer) for a pretraining config; the workdir's tokenizer if none is
+  given."""
+  from transformer_jax.tasks.bert import BertPretrainTask
+  from transformer_jax.training.trainer import Trainer
   if tokenizer is None:
     tokenizer = pretrain_tokenizer(config, workdir)
   cfg = pretrain_model_config(config, tokenizer.vocab_size)
@@ -109,9 +112,9 @@ def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
 
 def validate_pretrain(config):
   """Every check of a pretraining run, before anything is read or written."""
-  from transformer_jax.tasks.bert import SENTENCE_TASKS  # pylint: disable=g-import-not-at-top
+  from transformer_jax.tasks.bert import SENTENCE_TASKS
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'max_predictions',
-                                            'mask_rate', 'sentence_task', 'eval_batches'))
+                                           'mask_rate', 'sentence_task', 'eval_batches'))
   task_name = config.data.sentence_task
   if task_name not in SENTENCE_TASKS:
     raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
@@ -124,13 +127,14 @@ def validate_pretrain(config):
 
 def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
   """(endless training batches, fixed held-out batches)."""
-  from transformer_jax.data import bert_pretrain  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import bert_pretrain
   data = config.data
   index, count = _process()
-  options = bert_pretrain.PretrainOptions(
-      max_len=int(data.max_len), max_predictions=int(data.max_predictions),
-      mask_rate=float(data.mask_rate), sentence_task=data.sentence_task,
-      short_seq_prob=float(data.get('short_seq_prob', 0.1)))
+  options = bert_pretrain.PretrainOptions(max_len=int(data.max_len),
+                                          max_predictions=int(data.max_predictions),
+                                          mask_rate=float(data.mask_rate),
+                                          sentence_task=data.sentence_task,
+                                          short_seq_prob=float(data.get('short_seq_prob', 0.1)))
   train_docs = bert_pretrain.tokenize_documents(tokenizer, train_documents)
   valid_docs = bert_pretrain.tokenize_documents(tokenizer, valid_documents)
   train = bert_pretrain.PretrainBatches(train_docs, tokenizer, options,
@@ -138,8 +142,8 @@ def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
                                         process_index=index, process_count=count)
   valid = bert_pretrain.PretrainBatches(valid_docs, tokenizer, options,
                                         batch_size=int(data.batch_size),
-                                        seed=int(config.seed) + 1_000_003,
-                                        process_index=index, process_count=count)
+                                        seed=int(config.seed) + 1_000_003, process_index=index,
+                                        process_count=count)
   return train, [valid.batch(i) for i in range(int(data.eval_batches))]
 
 
@@ -173,12 +177,13 @@ def restore_pretrained(workdir: str):
 
 # -- fine-tuning --------------------------------------------------------------------------------
 
+
 def load_init(config):
   """(model config, pretrained params, tokenizer, type_vocab_size) from init.*."""
   init = config.init
   overrides = dict(config.get('model', {}))
   if init.hf_dir:
-    from transformer_jax.convert.hf_bert import load_hf_bert  # pylint: disable=g-import-not-at-top
+    from transformer_jax.convert.hf_bert import load_hf_bert
     cfg, params, tokenizer, heads = load_hf_bert(init.hf_dir)
     return cfg.replace(**overrides), params, tokenizer, heads['type_vocab_size']
   if init.bert_workdir:
@@ -190,7 +195,7 @@ def load_init(config):
 
 
 def load_classification_data(config) -> dict:
-  from transformer_jax.data import classification  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import classification
   data = config.data
   if data.source == 'tsv':
     if not data.dir:
@@ -222,9 +227,9 @@ def validate_finetune(config):
 def finetune(config, workdir: str) -> dict:
   """Fine-tunes a pretrained BERT on sentence classification; returns final metrics with
   'dev_accuracy' (accuracy on the whole dev split)."""
-  from transformer_jax.data import classification  # pylint: disable=g-import-not-at-top
-  from transformer_jax.tasks.bert import BertClassificationTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import classification
+  from transformer_jax.tasks.bert import BertClassificationTask
+  from transformer_jax.training.trainer import Trainer
   validate_finetune(config)
   splits = load_classification_data(config)
   cfg, pretrained, tokenizer, type_vocab_size = load_init(config)
@@ -237,9 +242,10 @@ def finetune(config, workdir: str) -> dict:
   index, count = _process()
   encode = lambda split: classification.encode_examples(tokenizer, splits[split][0], max_len)
   batch = int(config.data.batch_size)
-  train_data = classification.ClassificationBatches(
-      encode('train'), splits['train'][1], batch_size=batch, max_len=max_len,
-      seed=int(config.seed), process_index=index, process_count=count)
+  train_data = classification.ClassificationBatches(encode('train'), splits['train'][1],
+                                                    batch_size=batch, max_len=max_len,
+                                                    seed=int(config.seed), process_index=index,
+                                                    process_count=count)
   dev = classification.eval_batches(encode('dev'), splits['dev'][1], batch_size=batch,
                                     max_len=max_len, process_index=index, process_count=count)
   logging.info('fine-tuning: %d train examples (%d batches per epoch), %d dev examples',

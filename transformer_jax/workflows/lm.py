@@ -28,18 +28,17 @@ from transformer_jax.model_config import model_config_from_dict
 CHAR_VOCAB_FILE = 'tokenizer.json'
 SPM_FILE = 'spm.model'
 
-
 # -- data ---------------------------------------------------------------------------------------
+
 
 def load_documents(config) -> tuple[list[str], list[str]]:
   """(training documents, validation documents) from the configured source."""
   data = config.data
   if data.source == 'file':
-    train, valid = lm_data.split_train_val(lm_data.read_text(data.path),
-                                           float(data.train_fraction))
+    train, valid = lm_data.split_train_val(lm_data.read_text(data.path), float(data.train_fraction))
     return [train], [valid]
   if data.source == 'tfds':
-    from transformer_jax.data.tfds_text import load_tfds_train_valid  # pylint: disable=g-import-not-at-top
+    from transformer_jax.data.tfds_text import load_tfds_train_valid
     train, valid = load_tfds_train_valid(data)
     return train, valid
   raise ConfigError(f"data.source must be 'file' or 'tfds', got {data.source!r}")
@@ -54,10 +53,12 @@ def load_tokenizer(config, workdir: str, train_documents: list[str] | None = Non
       return lm_data.CharTokenizer.load(path)
     return lm_data.CharTokenizer.load_or_build(path, ''.join(train_documents))
   if kind == 'sentencepiece':
+
     def texts():  # read only when the model file is missing
       if train_documents is None:
         raise ConfigError(f'no tokenizer model in {workdir}: train first')
       return iter(train_documents)
+
     t = config.tokenizer
     return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, t.vocab_size,
                                        model_type=t.model_type, max_sentences=t.max_sentences)
@@ -73,6 +74,7 @@ def encode(tokenizer, documents: list[str]) -> np.ndarray:
 
 
 # -- composition --------------------------------------------------------------------------------
+
 
 def model_config(config, vocab_size: int):
   """config.model with the tokenizer's vocabulary; the context length is data.block_size."""
@@ -91,22 +93,22 @@ def validate(config):
 
 def build(config, workdir: str, train_documents: list[str] | None = None):
   """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
-  from transformer_jax.tasks.lm import LanguageModelTask  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  from transformer_jax.tasks.lm import LanguageModelTask
+  from transformer_jax.training.trainer import Trainer
   tokenizer = load_tokenizer(config, workdir, train_documents)
   sample = config.eval
-  task = LanguageModelTask(
-      model_config(config, tokenizer.vocab_size), tokenizer=tokenizer,
-      eos_id=lm_data.lm_eos_id(tokenizer),
-      sample_prompt=lm_data.prompt_ids(tokenizer, sample.sample_prompt),
-      sample_tokens=int(sample.sample_tokens), temperature=float(sample.temperature),
-      top_k=int(sample.top_k), top_p=float(sample.top_p), sample_seed=int(config.seed))
+  task = LanguageModelTask(model_config(config, tokenizer.vocab_size), tokenizer=tokenizer,
+                           eos_id=lm_data.lm_eos_id(tokenizer),
+                           sample_prompt=lm_data.prompt_ids(tokenizer, sample.sample_prompt),
+                           sample_tokens=int(sample.sample_tokens),
+                           temperature=float(sample.temperature), top_k=int(sample.top_k),
+                           top_p=float(sample.top_p), sample_seed=int(config.seed))
   return task, Trainer(config, task, workdir), tokenizer
 
 
 def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray):
   """(training windows, fixed evaluation batches)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   data = config.data
   block, batch = int(data.block_size), int(data.batch_size)
   train = lm_data.RandomWindows(train_tokens, block_size=block, batch_size=batch,

@@ -16,8 +16,8 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.model_config import model_config_from_dict
 
-
 # -- data ---------------------------------------------------------------------------------------
+
 
 def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
   """Source/target sentences of one split, from the configured source."""
@@ -46,13 +46,16 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
   t = config.tokenizer
 
   def texts(*sides):
+
     def read():  # called only when the model file is missing
       if train_pairs is None:
         raise ConfigError(f'no tokenizer model (spm*.model) in {workdir}: training writes it; '
                           'train first, or if this workdir was trained, rerun its training '
                           'command (the tokenizer is retrained identically) or copy it back')
       return (s for side in sides for s in train_pairs[side])
+
     return read
+
   kwargs = dict(vocab_size=t.vocab_size, model_type=t.model_type, max_sentences=t.max_sentences)
   if t.joint:
     shared = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.model'), texts(0, 1), **kwargs)
@@ -62,6 +65,7 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
 
 
 # -- composition --------------------------------------------------------------------------------
+
 
 def validate(config):
   """Every check of a translation run, before anything is read or written.
@@ -87,16 +91,16 @@ def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
       source_vocab_size=None if config.tokenizer.joint else src_tok.vocab_size,
       share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
   bleu_n = config.eval.bleu_sentences or len(valid_pairs[0])
-  task = TranslationTask(
-      model_cfg, label_smoothing=config.loss.label_smoothing, beam_size=config.eval.beam_size,
-      alpha=config.eval.alpha, decode_rows=config.eval.decode_rows, src_tokenizer=src_tok,
-      tgt_tokenizer=tgt_tok, eval_sources=valid_pairs[0][:bleu_n],
-      eval_references=valid_pairs[1][:bleu_n])
+  task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing,
+                         beam_size=config.eval.beam_size, alpha=config.eval.alpha,
+                         decode_rows=config.eval.decode_rows, src_tokenizer=src_tok,
+                         tgt_tokenizer=tgt_tok, eval_sources=valid_pairs[0][:bleu_n],
+                         eval_references=valid_pairs[1][:bleu_n])
   return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
 
 
 def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   data = config.data
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
@@ -105,8 +109,7 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
       src_ids, tgt_ids, batch_tokens=data.batch_tokens,
       buckets=batching.bucket_lengths(data.max_len, data.buckets), seed=config.seed, shuffle=train,
       multiple_of=data_parallel_size(trainer.mesh) * (trainer.accumulation_steps if train else 1),
-      process_index=jax.process_index(),
-      process_count=jax.process_count())
+      process_index=jax.process_index(), process_count=jax.process_count())
 
 
 def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
@@ -122,6 +125,7 @@ def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
 
 
 # -- modes --------------------------------------------------------------------------------------
+
 
 def train_and_evaluate(config, workdir: str) -> dict:
   validate(config)
@@ -164,8 +168,8 @@ def choose_average(config, task, trainer, valid_pairs, results):
                                       [references]).score
   bleu_avg = sacrebleu.corpus_bleu(task.translate(averaged, sources, trainer.mesh),
                                    [references]).score
-  logging.info('validation BLEU: last checkpoint %.2f, average of steps %s %.2f', bleu_last,
-               steps, bleu_avg)
+  logging.info('validation BLEU: last checkpoint %.2f, average of steps %s %.2f', bleu_last, steps,
+               bleu_avg)
   results['valid_bleu_last'], results['valid_bleu_averaged'] = bleu_last, bleu_avg
   if bleu_avg > bleu_last:
     return averaged, True
