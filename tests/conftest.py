@@ -68,6 +68,32 @@ def corpus(shared_data):
   return lambda name: _require_data(shared_data / name)
 
 
+# XLA's TPU compiler (libtpu) for the tests that compile for a TPU topology on this CPU host:
+# installed (the `tpu` extra), or in a folder of its own named by this variable (.ci/run makes one).
+LIBTPU_DIR_ENV = 'TRANSFORMER_JAX_LIBTPU_DIR'
+
+
+@pytest.fixture(scope='session')
+def tpu_runtime() -> str:
+  """The folder holding libtpu, to put on a subprocess's PYTHONPATH ('' when it is installed).
+
+  Without libtpu the test is skipped with one line saying how to install it; with CI=true it
+  fails instead. Compile for a TPU in a subprocess: libtpu's settings (planning/runtime.py) must
+  be made before jax starts.
+  """
+  import importlib.util
+  directory = os.environ.get(LIBTPU_DIR_ENV, '')
+  if directory and os.path.isfile(os.path.join(directory, 'libtpu', 'libtpu.so')):
+    return directory
+  if not directory and importlib.util.find_spec('libtpu') is not None:
+    return ''
+  message = (f'needs the TPU compiler libtpu: pip install -e ".[tpu]" (or {LIBTPU_DIR_ENV}=a '
+             f'folder holding libtpu; now {directory or "unset"})')
+  if os.environ.get('CI') == 'true':
+    pytest.fail(message, pytrace=False)
+  pytest.skip(message)
+
+
 QUICKSTART = os.path.join('experiments', 'configs', 'translate_quickstart.py')
 # JAX_* variables naming the test run's compilation cache, for CLI subprocesses.
 _CACHE_ENV: dict[str, str] = {}

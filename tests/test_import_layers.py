@@ -31,6 +31,7 @@ LEVELS = {
     'tasks': 6,
     'cli': 6,
     'workflows': 7,
+    'planning': 8,
 }
 
 

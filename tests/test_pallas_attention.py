@@ -1,7 +1,13 @@
 """The TPU path ('pallas': JAX's Pallas flash-attention kernel) equals the reference attention,
 forward and backward, run on CPU by Pallas's TPU interpreter: sequence lengths the kernel's
 128-wide tiles don't divide, padding masks, a bias (with its gradient), grouped-query heads and
-cross-attention. These are the numbers a TPU run gets, up to the chip's float rounding."""
+cross-attention, on one device and per shard over a mesh of several. These are the numbers a
+TPU run gets, up to the chip's float rounding."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -111,3 +117,102 @@ def test_auto_picks_the_backend_kernel_and_falls_back_when_it_cannot_run(
   out = kernels.dot_product_attention(q, k, v, mask=mask, causal=True)
   ref = kernels.dot_product_attention(q, k, v, mask=mask, causal=True, implementation='reference')
   np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
+def shard_map_specs(mesh_axes, partition, batch=4, kv_heads=2, mask_shape=None, bias_shape=None,
+                    axis_types=None):
+  """The (in_specs, out_specs) of the shard_map around the kernel when 'pallas' is traced under
+  a TPU mesh {name: size} (abstract: no devices needed), or None when there is no shard_map."""
+  tpu = jax.sharding.AbstractDevice(device_kind='TPU v5 lite', num_cores=None, platform='tpu')
+  mesh = jax.sharding.AbstractMesh(tuple(mesh_axes.values()), tuple(mesh_axes),
+                                   axis_types=axis_types, abstract_device=tpu)
+  t, h = 10, 4
+  q = jax.ShapeDtypeStruct((batch, t, h, D), jnp.float32)
+  kv = jax.ShapeDtypeStruct((batch, t, kv_heads, D), jnp.float32)
+  mask = None if mask_shape is None else jax.ShapeDtypeStruct(mask_shape, jnp.bool_)
+  bias = None if bias_shape is None else jax.ShapeDtypeStruct(bias_shape, jnp.float32)
+
+  def attend(q, k, v, mask, bias):
+    return kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=True,
+                                         implementation='pallas', partition=partition)
+
+  with jax.sharding.use_abstract_mesh(mesh):
+    jaxpr = jax.make_jaxpr(attend)(q, kv, kv, mask, bias)
+  found = [e.params for e in jaxpr.eqns if e.primitive.name == 'shard_map']
+  return (tuple(found[0]['in_specs']), found[0]['out_specs'][0]) if found else None
+
+
+def test_pallas_kernel_is_shard_mapped_over_the_batch_and_heads_the_mesh_splits():
+  """On a mesh of several devices the kernel runs inside `jax.shard_map` (XLA cannot partition
+  a Mosaic kernel: lowering would fail), split as `partition` says where the split divides the
+  batch and the key/value heads; masks and biases split along the axes they have."""
+  P = jax.sharding.PartitionSpec
+  mesh = {'data': 2, 'fsdp': 2, 'tensor': 2}
+  split = (('data', 'fsdp'), 'tensor')
+  qkv = P(('data', 'fsdp'), None, 'tensor', None)
+  in_specs, out_spec = shard_map_specs(mesh, split, mask_shape=(4, 1, 1, 10),
+                                       bias_shape=(1, 4, 10, 10))
+  assert in_specs == (qkv, qkv, qkv, P(('data', 'fsdp'), None), P(None, 'tensor'))
+  assert out_spec == qkv
+  # A batch of 2 keeps the data split only; one key/value head can't be split over 2 devices.
+  assert shard_map_specs(mesh, split, batch=2, kv_heads=1)[0][0] == P('data', None, None, None)
+  assert shard_map_specs(mesh, split, batch=3)[0][0] == P(None, None, 'tensor', None)
+  # Unknown split (no rules): every device computes the whole attention, still inside shard_map.
+  assert shard_map_specs(mesh, None)[0] == (P(None, None, None, None),) * 3
+  # Axes the mesh doesn't have are ignored; one device, or every axis manual already (inside
+  # a shard_map), needs none.
+  assert shard_map_specs({'data': 4}, split)[0][0] == P('data', None, None, None)
+  assert shard_map_specs({'data': 1}, split) is None
+  manual = (jax.sharding.AxisType.Manual,) * 3
+  assert shard_map_specs(mesh, split, axis_types=manual) is None
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_pallas_kernel_runs_per_shard_on_a_multi_device_mesh(translate_cli):
+  """Over several devices the kernel runs inside `jax.shard_map` (XLA cannot partition a Mosaic
+  kernel), each device on its block of the batch and heads as the logical-axis rules split them,
+  and forward and gradients still equal the reference: 4 CPU devices in a subprocess
+  (tests/tpu_compile_worker.py), the kernel interpreted. Batch over data or fsdp, heads over
+  tensor with grouped key/value heads, a padding mask folded into the bias, key padding as
+  segment ids, a bias shared by the batch (its gradient summed over the batch shards),
+  cross-attention, and a batch the mesh doesn't divide (left whole on every device)."""
+  cases = [
+      {
+          'name': 'data2_tensor2/causal', 'mesh': {'data': 2, 'tensor': 2}, 'kind': 'causal',
+          'batch': 4, 'heads': 4, 'kv_heads': 2
+      },
+      {
+          'name': 'fsdp2_tensor2/key_padding+bias', 'mesh': {'fsdp': 2, 'tensor': 2},
+          'kind': 'key_padding', 'batch': 2, 'heads': 2, 'kv_heads': 2, 'bias': True
+      },
+      {
+          'name': 'data4/cross+bias', 'mesh': {'data': 4}, 'kind': 'cross', 'batch': 4, 'heads': 2,
+          'kv_heads': 1, 'bias': True
+      },
+      {
+          'name': 'data4/undivided_batch', 'mesh': {'data': 4}, 'kind': 'key_padding', 'batch': 2,
+          'heads': 2, 'kv_heads': 1
+      },
+  ]
+  for case in cases:
+    case['implementation'] = 'pallas'
+  env = translate_cli.env()
+  env['XLA_FLAGS'] = ' '.join(
+      filter(None, [env.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=4']))
+  proc = subprocess.run([
+      sys.executable,
+      os.path.join('tests', 'tpu_compile_worker.py'), 'interpret',
+      json.dumps({'cases': cases})
+  ], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = {r['name']: r for r in map(json.loads, proc.stdout.splitlines())}
+  assert results.pop('host')['auto'] == 'chunked'  # a CPU mesh: the CPU's kernel
+  assert sorted(results) == sorted(case['name'] for case in cases)
+  for name, result in results.items():
+    assert result['shard_map'], name
+    for quantity, error in result['error'].items():
+      assert result['scale'][quantity] > 1e-3, (name, quantity)  # a real gradient
+      assert error <= ATOL + RTOL * result['scale'][quantity], (name, quantity, result)

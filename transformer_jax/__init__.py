@@ -15,6 +15,8 @@ The subpackages are layers of one stack; each imports only from the ones below i
   tasks/       what a model family trains on and evaluates (the trainer's Task)
   cli/         what every entry point does: flags, one-line errors, the workdir, validation
   workflows/   one experiment per family: data -> task -> trainer -> evaluation
+  planning/    compile a workflow's train step ahead of time for a TPU slice: memory, FLOPs,
+               collectives, predicted step time (experiments/plan.py)
 
 Importing the package itself stays cheap: import what you need from its modules.
 """

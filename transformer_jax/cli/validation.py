@@ -23,13 +23,17 @@ def require_keys(config, section: str, keys: tuple[str, ...]):
     raise ConfigError(f'config section {section!r} is missing {missing}')
 
 
-def check_training(config, global_batch: int | None = None):
+def check_training(config, global_batch: int | None = None, *, num_devices: int | None = None,
+                   platform: str | None = None):
   """train.* switches, the mesh against the devices, `global_batch` rows (when the config fixes
   them) against data x fsdp and the accumulation steps, and a named attention kernel against
-  the backend. Starts multi-host jobs (`distributed.initialize`) first: the device count is
-  global."""
-  import jax
-  from transformer_jax.parallel import distributed, sharding
+  the platform.
+
+  By default the run is this job's: multi-host jobs are started first
+  (`distributed.initialize`), so the device count is global, and the platform is jax's backend.
+  `num_devices` and `platform` ('cpu', 'gpu', 'tpu') describe another target instead, e.g. a TPU
+  topology a planner compiles for from a CPU host; with `num_devices` nothing is started.
+  """
   require_keys(config, 'train', TRAIN_KEYS)
   train = config.train
   for key in TRAIN_KEYS:
@@ -38,32 +42,40 @@ def check_training(config, global_batch: int | None = None):
   accumulation = int(train.get('accumulation_steps', 1))
   if accumulation < 1:
     raise ConfigError(f'train.accumulation_steps must be >= 1, got {accumulation}')
-  distributed.initialize(config)
+  from transformer_jax.parallel import sharding
+  if num_devices is None:
+    import jax
+    from transformer_jax.parallel import distributed
+    distributed.initialize(config)
+    num_devices = jax.device_count()
   mesh = config.get('mesh', None)
-  data, fsdp, _ = sharding.mesh_shape(dict(mesh or {'data': -1}), jax.device_count())
+  data, fsdp, _ = sharding.mesh_shape(dict(mesh or {'data': -1}), num_devices)
   if global_batch is not None and global_batch % (data * fsdp):
     raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
-                      f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {jax.device_count()} '
+                      f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {num_devices} '
                       'devices); change data.batch_size or mesh.data/mesh.fsdp')
   if global_batch is not None and accumulation > 1 and global_batch % (data * fsdp * accumulation):
     raise ConfigError(f'batch of {global_batch} rows cannot be cut into train.accumulation_steps='
                       f'{accumulation} micro-batches over {data * fsdp} data-parallel devices; '
                       f'make data.batch_size a multiple of {data * fsdp * accumulation}')
-  unavailable = attention_kernel_unavailable(config)
+  unavailable = attention_kernel_unavailable(config, platform)
   if unavailable:
     raise ConfigError(f"{unavailable}: use 'auto' (the best kernel per backend), 'chunked', "
                       "'xla' or 'reference'")
 
 
-def attention_kernel_unavailable(config) -> str | None:
-  """Why config.model.attention_implementation (a fused kernel) can't run here, or None."""
+def attention_kernel_unavailable(config, platform: str | None = None) -> str | None:
+  """Why config.model.attention_implementation (a fused kernel) can't run on `platform`
+  ('cpu', 'gpu', 'tpu'; by default jax's backend here), or None."""
   from transformer_jax.kernels.scaled_dot_product import KERNEL_BACKENDS
   implementation = config.get('model', {}).get('attention_implementation', 'auto')
   needs = KERNEL_BACKENDS.get(implementation)
   if needs is None:
     return None  # (asks for no backend, so jax's backend is not started here)
-  import jax
-  if jax.default_backend() == needs:
+  if platform is None:
+    import jax
+    platform = jax.default_backend()
+  if platform == needs:
     return None
   return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
-          f'and this run is on {jax.default_backend().upper()}')
+          f'and this run is on {platform.upper()}')

@@ -1,13 +1,16 @@
 """Scaled dot-product attention: the reference formula, the block-causal `chunked` version with a
-written-out gradient (CPU), the fused kernels (cuDNN, Pallas) and the per-backend choice.
+written-out gradient (CPU), the fused kernels (cuDNN, Pallas) and the choice per target platform.
 
 Shapes: B batch, T/S query/key length, H query heads, K key/value heads (K divides H), D head
 dim; q [B, T, H, D], k and v [B, S, K, D]. Masks as in `masks.py`.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from transformer_jax.kernels.masks import as_4d, combine_masks, make_causal_mask
 
@@ -231,8 +234,8 @@ def _pallas_bias_and_key_segments(mask, bias, shape, t_pad, s_pad):
   return ab, key_segments
 
 
-def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
-  """TPU: the Pallas flash-attention kernel.
+def _pallas_flash_attention(q, k, v, mask, bias, causal, dtype):
+  """TPU: the Pallas flash-attention kernel, on the arrays of one device.
 
   The kernel tiles both sequences by 128, so other lengths are padded up to a multiple (the
   padded keys hidden by segment ids, the padded query rows dropped); masks and bias as
@@ -262,12 +265,90 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype):
   return _zero_fully_masked_rows(out, mask)
 
 
-# The fused kernels and the one backend each runs on ('auto' picks the one of its backend).
+def _dividing_axes(axes, size, mesh, free_axes):
+  """The leading mesh axes of `axes` (a name, a tuple of names or None) whose sizes multiply to
+  a divisor of `size`, skipping names that are not free axes of `mesh` (absent, or already
+  manual); None when none is left."""
+  names = axes if isinstance(axes, tuple) else (axes,)
+  kept, product = [], 1
+  for name in names:
+    if name is None or name not in free_axes:
+      continue
+    if size % (product * mesh.shape[name]):
+      break
+    kept.append(name)
+    product *= mesh.shape[name]
+  return None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
+
+
+def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None):
+  """TPU: the Pallas flash-attention kernel (`_pallas_flash_attention`), run per device inside
+  `jax.shard_map` when the active mesh has several devices.
+
+  XLA cannot partition a Mosaic kernel: on a multi-device mesh, lowering it fails with
+  "Mosaic kernels cannot be automatically partitioned", after tracing, so no fallback can catch
+  it. Inside the shard_map (over every free mesh axis: Mosaic wants them all manual) each
+  device runs the kernel on its block of the batch and the heads, split over the mesh axes that
+  `partition` = (batch axes, head axes) names (from the layer's logical-axis rules), less those
+  that do not divide B, or K for the heads (grouped key/value heads are repeated per device, so
+  query and key/value heads must be split alike). Masks and biases are split along the batch
+  and head axes they have (a size-1 broadcast axis stays whole). Without `partition` every
+  device computes the whole attention on replicated inputs: correct, but redundant. The mesh
+  is the one `jax.set_mesh` sets (as `parallel.sharding.use_mesh` does); the legacy `with mesh:`
+  sets none.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  free_axes = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+  if mesh.empty or math.prod(mesh.shape[a] for a in free_axes) == 1:
+    return _pallas_flash_attention(q, k, v, mask, bias, causal, dtype)
+  b, h, kv_heads = q.shape[0], q.shape[2], k.shape[2]
+  batch_axes, head_axes = partition or (None, None)
+  batch_axes = _dividing_axes(batch_axes, b, mesh, free_axes)
+  head_axes = _dividing_axes(head_axes, kv_heads, mesh, free_axes)  # K divides H
+  qkv_spec = P(batch_axes, None, head_axes, None)
+  mask, bias = as_4d(mask), as_4d(bias)
+  extras = [x for x in (mask, bias) if x is not None]
+  extra_specs = [
+      P(batch_axes if x.shape[0] == b else None, head_axes if x.shape[1] == h else None)
+      for x in extras
+  ]
+
+  def per_device(q, k, v, *extras):
+    extras = iter(extras)
+    local_mask = None if mask is None else next(extras)
+    local_bias = None if bias is None else next(extras)
+    return _pallas_flash_attention(q, k, v, local_mask, local_bias, causal, dtype)
+
+  # check_vma=False: pallas_call has no rule for the varying manual axes of its outputs.
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(qkv_spec,) * 3 + tuple(extra_specs),
+                       out_specs=qkv_spec, axis_names=frozenset(free_axes),
+                       check_vma=False)(q, k, v, *extras)
+
+
+# The fused kernels and the one platform each runs on ('auto' picks the one of its platform).
 KERNEL_BACKENDS = {'cudnn': 'gpu', 'pallas': 'tpu'}
+
+# How jax names a platform in `jax.default_backend()` where its devices may say otherwise.
+_PLATFORM_ALIASES = {'cuda': 'gpu', 'rocm': 'gpu'}
+
+
+def target_platform() -> str:
+  """The platform the program being traced is compiled for ('cpu', 'gpu' or 'tpu').
+
+  That of the active mesh's devices when a mesh is set (`jax.set_mesh`, as
+  `parallel.sharding.use_mesh` does), else jax's default backend. The two differ when a program
+  is compiled ahead of time for another target: for a TPU topology
+  (`jax.experimental.topologies`) from a CPU host the mesh says 'tpu' while the host is 'cpu'.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.abstract_device is not None:
+    platform = mesh.abstract_device.platform
+    return _PLATFORM_ALIASES.get(platform, platform)
+  return jax.default_backend()
 
 
 def auto_implementation(dropout: bool = False) -> str:
-  """The attention implementation 'auto' resolves to on the current backend.
+  """The attention implementation 'auto' resolves to on the target platform (`target_platform`).
 
   CPU: 'chunked' (block-causal; XLA:CPU runs the T x T score matmuls slowly, so skipping the
   masked blocks pays). GPU: cuDNN's fused kernel (falls back to XLA's when cuDNN rejects the
@@ -275,19 +356,22 @@ def auto_implementation(dropout: bool = False) -> str:
   dropout, so with dropout on the chunked path is used.
   """
   kernels = {backend: kernel for kernel, backend in KERNEL_BACKENDS.items()}
-  return 'chunked' if dropout else kernels.get(jax.default_backend(), 'chunked')
+  return 'chunked' if dropout else kernels.get(target_platform(), 'chunked')
 
 
 def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dropout_rate=0.0,
                           deterministic=True, dtype=jnp.float32, implementation='auto',
-                          causal=False):
-  """Attention output [B, T, H, D], by the implementation best for the backend.
+                          causal=False, partition=None):
+  """Attention output [B, T, H, D], by the implementation best for the target platform.
 
   'reference' is the explicit formula above; 'chunked' the block-causal version of it;
   'xla'/'cudnn' call `jax.nn.dot_product_attention` (fused kernels on GPU); 'pallas' the TPU
-  flash kernel. The fused ones have no attention dropout. 'auto' picks per backend
-  (`auto_implementation`). `causal` adds the causal mask (query i sees keys 0..i) to `mask` and
-  lets the implementations skip the hidden blocks.
+  flash kernel. The fused ones have no attention dropout. 'auto' picks per platform
+  (`auto_implementation`: the active mesh's, else the default backend's). `causal` adds the
+  causal mask (query i sees keys 0..i) to `mask` and lets the implementations skip the hidden
+  blocks. `partition` = (batch axes, head axes): the mesh axes the caller's sharding splits the
+  batch and the heads over (None when nothing is split); 'pallas' runs per device over those
+  blocks on a multi-device mesh (`_pallas_tpu_attention`), the others ignore it.
   """
   dropout = not deterministic and dropout_rate > 0.0
   fallback = None
@@ -308,10 +392,14 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
       raise ValueError(f"attention implementation {implementation!r} has no attention dropout")
     try:
       if implementation == 'pallas':
-        return _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype)
+        return _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition)
+      # No shard_map for cuDNN: jax registers partitioning rules for its custom call
+      # (`custom_partitioning` in jax/_src/cudnn/fused_attention_stablehlo.py), so XLA splits it
+      # over batch and heads itself (it refuses split sequences, which our rules never split).
       return _fused_attention(q, k, v, mask, bias, causal, dtype, implementation)
     except Exception:
       # Only 'auto' falls back (at trace time): cuDNN rejects e.g. float32 or some head sizes.
+      # (Errors at lowering never reach here, hence the shard_map around the Pallas kernel.)
       if fallback is None:
         raise
       return dot_product_attention(q, k, v, mask=mask, bias=bias, dtype=dtype,

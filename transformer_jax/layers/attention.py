@@ -26,6 +26,22 @@ from transformer_jax.kernels.scaled_dot_product import dot_product_attention, re
 # Multi-head attention
 
 
+def attention_partition():
+  """(batch axes, head axes): the mesh axes the active logical-axis rules split attention's
+  batch and heads over (those of the constraints on q, k and v in `MultiHeadAttention`), for
+  `dot_product_attention`'s per-device kernels; None when the rules split neither.
+
+  The rules are the ones `parallel.sharding.use_mesh` activates; the kernels cannot read them
+  (they sit below the layers). Key/value heads must be split as the query heads are (the kernel
+  repeats them per device), so rules that split them differently leave the heads whole.
+  """
+  batch, _, heads, _ = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
+  kv_heads = nn.logical_to_mesh_axes(('batch', 'length', 'kv_heads', 'kv'))[2]
+  if heads != kv_heads:
+    heads = None
+  return None if batch is None and heads is None else (batch, heads)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head (grouped-query) attention: self-attention when `context` is None, else cross.
 
@@ -98,7 +114,8 @@ class MultiHeadAttention(nn.Module):
       out = dot_product_attention(q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
                                   dropout_rate=cfg.attention_dropout_rate,
                                   deterministic=deterministic, dtype=cfg.dtype,
-                                  implementation=cfg.attention_implementation, causal=causal)
+                                  implementation=cfg.attention_implementation, causal=causal,
+                                  partition=attention_partition())
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'kv'))
     return dense((cfg.emb_dim,), ('heads', 'kv', 'embed'), num_in_axes=2, name='out')(out)
 

@@ -3,16 +3,23 @@
 The dropout key for step s is fold_in(key(seed), s), so a resumed run draws exactly the same
 randomness. A non-finite loss or gradient keeps the old state (the step is counted as skipped);
 the trainer stops the run after too many in a row.
+
+`build_train_step` places the step on a mesh: the state's shardings from the parameters' logical
+axis names, the abstract (shape-only) state and the jitted step with donated state. The trainer
+runs it; the planner (`transformer_jax/planning/`) compiles it ahead of time for a TPU topology.
 """
 
+import dataclasses
 from typing import Any, Callable
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from transformer_jax.parallel import sharding
 from transformer_jax.training.accumulation import accumulated_value_and_grad
 
 Batch = dict[str, np.ndarray]
@@ -64,3 +71,40 @@ def make_eval_step(loss_fn: Callable):
     return loss_fn(params, batch, None, True)[1]
 
   return eval_step
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedTrainStep:
+  """The train step placed on a mesh; nothing here holds an array."""
+  step: Callable  # jitted (state, batch) -> (state, metrics); the state argument is donated
+  create_state: Callable  # rng -> TrainState with boxed (logically named) params
+  state_shardings: TrainState  # a NamedSharding per state leaf
+  abstract_state: TrainState  # a jax.ShapeDtypeStruct (with its sharding) per state leaf
+  batch_sharding: jax.sharding.NamedSharding  # rows split over data x fsdp
+
+
+def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *, seed: int,
+                     accumulation_steps: int = 1,
+                     rules=sharding.LOGICAL_AXIS_RULES) -> ShardedTrainStep:
+  """The jitted train step of `task` over `mesh`, and the state it takes, shapes only.
+
+  The state's shardings come from the logical axis names of `jax.eval_shape(create_state)`
+  (`sharding.tree_shardings`), so building this allocates nothing: lower and compile
+  `step` with `abstract_state` and a batch of `jax.ShapeDtypeStruct`s on `batch_sharding`
+  (inside `sharding.use_mesh(mesh, rules)`) to see the program without running it.
+  """
+
+  def create_state(rng) -> TrainState:
+    params = task.init_variables(rng)['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  boxed = jax.eval_shape(create_state, jax.random.key(0))
+  state_shardings = sharding.tree_shardings(mesh, boxed, rules)
+  abstract_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                nn.meta.unbox(boxed), state_shardings)
+  batch_sharding = sharding.batch_sharding(mesh)
+  step = jax.jit(make_train_step(task.loss_fn, tx, seed, accumulation_steps),
+                 in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None), donate_argnums=(0,))
+  return ShardedTrainStep(step=step, create_state=create_state, state_shardings=state_shardings,
+                          abstract_state=abstract_state, batch_sharding=batch_sharding)

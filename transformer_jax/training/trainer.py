@@ -26,8 +26,8 @@ from transformer_jax.training import preemption
 from transformer_jax.training.checkpointing import Checkpointer
 from transformer_jax.training.metrics_writer import MetricsWriter
 from transformer_jax.training.optimizer import make_optimizer
-from transformer_jax.training.train_step import (Batch, Metrics, TrainState, make_eval_step,
-                                                 make_train_step)
+from transformer_jax.training.train_step import (Batch, Metrics, TrainState, build_train_step,
+                                                 make_eval_step, make_train_step)
 
 __all__ = [
     'EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'make_eval_step',
@@ -100,32 +100,20 @@ class Trainer:
     self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
                                      max_to_keep=int(train.get('keep_checkpoints', 3)),
                                      save_every=int(train.checkpoint_every))
-    self._build_state_shardings()
+    sharded = build_train_step(task, self.tx, self.mesh, seed=int(config.seed),
+                               accumulation_steps=self.accumulation_steps, rules=self.rules)
+    self._create_state = sharded.create_state
+    self.state_shardings, self.abstract_state = sharded.state_shardings, sharded.abstract_state
     self.checkpointer.check_fits(self.abstract_state)  # a changed model fails before any write
     self.is_chief = jax.process_index() == 0
     self.metrics = MetricsWriter(workdir, self.is_chief)
-    self._batch_sharding = sharding.batch_sharding(self.mesh)
+    self._batch_sharding = sharded.batch_sharding
     self.eval_context = EvalContext(self.mesh, self.to_global, self.metrics.text)
-    self._train_step = jax.jit(
-        make_train_step(task.loss_fn, self.tx, int(config.seed), self.accumulation_steps),
-        in_shardings=(self.state_shardings, self._batch_sharding),
-        out_shardings=(self.state_shardings, None), donate_argnums=(0,))
+    self._train_step = sharded.step
     self._eval_step = jax.jit(make_eval_step(task.loss_fn),
                               in_shardings=(self.state_shardings.params, self._batch_sharding))
 
   # -- state ----------------------------------------------------------------------------------
-
-  def _create_state(self, rng) -> TrainState:
-    params = self.task.init_variables(rng)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
-
-  def _build_state_shardings(self):
-    boxed = jax.eval_shape(self._create_state, jax.random.key(0))
-    self.state_shardings = sharding.tree_shardings(self.mesh, boxed, self.rules)
-    unboxed = nn.meta.unbox(boxed)
-    self.abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed,
-        self.state_shardings)
 
   def init_state(self) -> TrainState:
     """Fresh parameters, created directly in their shards (never whole on one device)."""

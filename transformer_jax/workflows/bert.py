@@ -175,6 +175,78 @@ def restore_pretrained(workdir: str):
   return cfg, params, tokenizer
 
 
+def abstract_task(config, num_devices: int | None = None):
+  """(task, {key: jax.ShapeDtypeStruct}) of one global training batch, from the config alone.
+
+  Pretraining: the model has tokenizer.vocab_size entries (no vocabulary is read or trained).
+  Fine-tuning: the model is the one init.hf_dir's config.json (or init.bert_workdir's saved
+  config and vocab.txt) describes, with config.model's overrides; no weights are read. Batches
+  are data.batch_size rows of data.max_len tokens (the longest bucket). For the planner
+  (`transformer_jax/planning/`); `num_devices` is unused, taken for the same signature as the
+  other workflows.
+  """
+  del num_devices
+  mode = config.get('mode', '')
+  if mode not in MODES:
+    raise ConfigError(f'mode must be one of {MODES} (config.mode), got {mode!r}')
+  rows, length = int(config.data.batch_size), int(config.data.max_len)
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
+  if mode == 'pretrain':
+    from transformer_jax.tasks.bert import BertPretrainTask, SENTENCE_TASKS
+    validation.require_keys(config, 'data',
+                            ('max_len', 'batch_size', 'max_predictions', 'sentence_task'))
+    if config.data.sentence_task not in SENTENCE_TASKS:
+      raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got '
+                        f'{config.data.sentence_task!r}')
+    cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))
+    if length > cfg.max_len:
+      raise ConfigError(f'data.max_len={length} exceeds model.max_len={cfg.max_len} (the '
+                        'position table)')
+    task = BertPretrainTask(cfg, sentence_task=config.data.sentence_task)
+    predictions = int(config.data.max_predictions)
+    weights = jax.ShapeDtypeStruct((rows, predictions), np.float32)
+    return task, {
+        'inputs': i32(rows, length), 'segments': i32(rows, length),
+        'mlm_positions': i32(rows, predictions), 'mlm_ids': i32(rows, predictions),
+        'mlm_weights': weights, 'sentence_labels': i32(rows)
+    }
+  from transformer_jax.tasks.bert import BertClassificationTask
+  validation.require_keys(config, 'data', ('max_len', 'batch_size', 'num_labels'))
+  cfg, type_vocab_size = _init_model_config(config)
+  if length > cfg.max_len:
+    raise ConfigError(f'data.max_len={length} exceeds the model position table ({cfg.max_len})')
+  task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
+  return task, {
+      'inputs': i32(rows, length), 'segments': i32(rows, length), 'labels': i32(rows),
+      'weights': jax.ShapeDtypeStruct((rows,), np.float32)
+  }
+
+
+def _init_model_config(config):
+  """(model config, type_vocab_size) of the model fine-tuning starts from, weights unread."""
+  import json
+  init, overrides = config.init, dict(config.get('model', {}))
+  if init.hf_dir:
+    from transformer_jax.convert.hf_bert import bert_config_from_hf
+    path = os.path.join(init.hf_dir, 'config.json')
+    if not os.path.isfile(path):
+      raise ConfigError(f'{path} does not exist: init.hf_dir must be a Hugging Face BERT '
+                        'directory')
+    with open(path) as f:
+      cfg, type_vocab_size = bert_config_from_hf(json.load(f))
+    return cfg.replace(**overrides), type_vocab_size
+  if init.bert_workdir:
+    vocab_path = os.path.join(init.bert_workdir, VOCAB_FILE)
+    if not os.path.isfile(vocab_path):
+      raise ConfigError(f'no {VOCAB_FILE} in {init.bert_workdir}: pretrain first')
+    with open(vocab_path, encoding='utf-8') as f:
+      vocab_size = sum(1 for _ in f)
+    cfg = pretrain_model_config(load_saved_config(init.bert_workdir), vocab_size)
+    return cfg.replace(**overrides), 2
+  raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR or '
+                    '--config.init.bert_workdir=DIR')
+
+
 # -- fine-tuning --------------------------------------------------------------------------------
 
 

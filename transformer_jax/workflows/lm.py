@@ -106,6 +106,23 @@ def build(config, workdir: str, train_documents: list[str] | None = None):
   return task, Trainer(config, task, workdir), tokenizer
 
 
+def abstract_task(config, num_devices: int | None = None):
+  """(task, {key: jax.ShapeDtypeStruct}) of one global training batch, from the config alone.
+
+  Nothing is read and no tokenizer is built: the model has tokenizer.vocab_size entries (a
+  char tokenizer sizes itself from the text; 256 covers any byte-sized alphabet). For the
+  planner (`transformer_jax/planning/`); `num_devices` is unused (the batch is data.batch_size
+  rows whatever the mesh), taken for the same signature as the other workflows.
+  """
+  import jax
+  from transformer_jax.tasks.lm import LanguageModelTask
+  del num_devices
+  validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
+  task = LanguageModelTask(model_config(config, int(config.tokenizer.get('vocab_size', 256))))
+  shape = (int(config.data.batch_size), int(config.data.block_size))
+  return task, {k: jax.ShapeDtypeStruct(shape, np.int32) for k in ('inputs', 'targets')}
+
+
 def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray):
   """(training windows, fixed evaluation batches)."""
   import jax

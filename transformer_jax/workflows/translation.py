@@ -99,6 +99,33 @@ def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
   return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
 
 
+def abstract_task(config, num_devices: int | None = None):
+  """(task, {key: jax.ShapeDtypeStruct}) of the largest training batch, from the config alone.
+
+  Nothing is read and no tokenizer is trained: the model has tokenizer.vocab_size entries per
+  language. The batch is the longest bucket's (the most attention work and activation memory),
+  with as many rows as `BucketedBatcher` gives it: batch_tokens // length rounded down to a
+  multiple of data x fsdp (x accumulation steps) over `num_devices` (default: jax's).
+  """
+  import jax
+  import numpy as np
+  from transformer_jax.parallel import sharding
+  from transformer_jax.tasks.translation import TranslationTask
+  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
+  vocab = int(config.tokenizer.vocab_size)
+  model_cfg = model_config_from_dict(
+      config.model, vocab_size=vocab, max_len=config.data.max_len,
+      source_vocab_size=None if config.tokenizer.joint else vocab,
+      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
+  task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing)
+  num_devices = jax.device_count() if num_devices is None else num_devices
+  data, fsdp, _ = sharding.mesh_shape(dict(config.get('mesh', None) or {'data': -1}), num_devices)
+  multiple_of = data * fsdp * int(config.train.get('accumulation_steps', 1))
+  length = batching.bucket_lengths(int(config.data.max_len), config.data.buckets)[-1]
+  rows = max(multiple_of, (int(config.data.batch_tokens) // length) // multiple_of * multiple_of)
+  return task, {k: jax.ShapeDtypeStruct((rows, length), np.int32) for k in ('inputs', 'targets')}
+
+
 def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   import jax
   data = config.data
