@@ -68,6 +68,13 @@ def corpus(shared_data):
   return lambda name: _require_data(shared_data / name)
 
 
+@pytest.fixture(scope='session')
+def tiny_shakespeare(corpus) -> str:
+  """Tiny Shakespeare's input.txt, for the tests that train the character GPT (skipped or, with
+  CI=true, failed like `corpus` when it is absent)."""
+  return str(corpus('tinyshakespeare') / 'input.txt')
+
+
 # XLA's TPU compiler (libtpu) for the tests that compile for a TPU topology on this CPU host:
 # installed (the `tpu` extra), or in a folder of its own named by this variable (.ci/run makes one).
 LIBTPU_DIR_ENV = 'TRANSFORMER_JAX_LIBTPU_DIR'

@@ -189,15 +189,16 @@ def test_missing_parallel_file_names_what_was_looked_for(tmp_path):
 
 
 @pytest.mark.slow
-def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path):
+def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path, tiny_shakespeare):
   """After training a tiny GPT: rerunning with a different mlp_dim names the parameter whose
   shape differs and leaves config.json and the checkpoints as they were; sampling after
   tokenizer.json is deleted says it is missing."""
   workdir = str(tmp_path / 'work')
-  trained = cli('experiments.lm', *tiny_lm(workdir))
+  text = {'data.path': tiny_shakespeare}
+  trained = cli('experiments.lm', *tiny_lm(workdir, **text))
   assert trained.returncode == 0, trained.stderr[-3000:]
   before = snapshot(workdir)
-  changed = cli('experiments.lm', *tiny_lm(workdir, **{'model.mlp_dim': 48}))
+  changed = cli('experiments.lm', *tiny_lm(workdir, **text, **{'model.mlp_dim': 48}))
   one_error_line(changed, 'checkpoint at step 4', 'does not fit the model of this config',
                  'params.stack.layer_0.mlp.wi.bias has shape (64,) in the checkpoint but (48,)')
   assert_untouched(workdir, before)

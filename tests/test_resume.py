@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 KEEP_ONE = {'train.keep_checkpoints': 1}
 
 
-def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(tmp_path, translate_cli):
+def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(
+    tmp_path, translate_cli, tiny_shakespeare):
   """A tiny character GPT (dropout on) of 40 steps killed with SIGKILL once it logged step 9
   (checkpoints every 4 steps, saved asynchronously: one may be in flight), then the same
   command again: it resumes from a checkpoint, not from scratch, and ends with exactly the
@@ -28,11 +29,12 @@ def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(tmp_path
   the last good checkpoint is not deleted before the next one is committed."""
   env = resume.environment(translate_cli.env())  # with the test run's compilation cache
   reference_dir, killed_dir = str(tmp_path / 'reference'), str(tmp_path / 'killed')
-  resume.run_to_end(resume.command('lm', reference_dir, 40, 4, KEEP_ONE), env)
+  flags = {**KEEP_ONE, 'data.path': tiny_shakespeare}
+  resume.run_to_end(resume.command('lm', reference_dir, 40, 4, flags), env)
   reference = resume.saved_state(reference_dir)
   assert reference["['step']"] == 40
 
-  cmd = resume.command('lm', killed_dir, 40, 4, KEEP_ONE)
+  cmd = resume.command('lm', killed_dir, 40, 4, flags)
   killed_after = resume.run_and_kill(cmd, env, kill_step=9)
   assert killed_after == 9
   assert not os.path.isdir(os.path.join(killed_dir, 'checkpoints', '40'))
@@ -47,12 +49,12 @@ def test_sigkill_then_rerun_ends_bitwise_identical_to_uninterrupted_run(tmp_path
 
 
 @pytest.mark.multiprocess
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, tiny_shakespeare):
   """Two local processes (one CPU device each) train one model with jax.distributed; SIGTERM
   to process 1 only: both log that all 2 processes agreed to stop after the same step S, both
   exit 0, and checkpoint S is on disk."""
   workdir = str(tmp_path / 'work')
-  cmd = resume.command('lm', workdir, 100_000, 0)
+  cmd = resume.command('lm', workdir, 100_000, 0, {'data.path': tiny_shakespeare})
   port = 20000 + os.getpid() % 20000
   processes, logs = [], []
   for index in range(2):
