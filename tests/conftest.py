@@ -75,11 +75,6 @@ def tiny_shakespeare(corpus) -> str:
   return str(corpus('tinyshakespeare') / 'input.txt')
 
 
-# XLA's TPU compiler (libtpu) for the tests that compile for a TPU topology on this CPU host:
-# installed (the `tpu` extra), or in a folder of its own named by this variable (.ci/run makes one).
-LIBTPU_DIR_ENV = 'TRANSFORMER_JAX_LIBTPU_DIR'
-
-
 @pytest.fixture(scope='session')
 def tpu_runtime() -> str:
   """The folder holding libtpu, to put on a subprocess's PYTHONPATH ('' when it is installed).
@@ -88,14 +83,18 @@ def tpu_runtime() -> str:
   fails instead. Compile for a TPU in a subprocess: libtpu's settings (planning/runtime.py) must
   be made before jax starts.
   """
-  import importlib.util
-  directory = os.environ.get(LIBTPU_DIR_ENV, '')
-  if directory and os.path.isfile(os.path.join(directory, 'libtpu', 'libtpu.so')):
-    return directory
-  if not directory and importlib.util.find_spec('libtpu') is not None:
-    return ''
-  message = (f'needs the TPU compiler libtpu: pip install -e ".[tpu]" (or {LIBTPU_DIR_ENV}=a '
-             f'folder holding libtpu; now {directory or "unset"})')
+  # The planner's own lookup: installed (the `tpu` extra), or in the folder named by
+  # TRANSFORMER_JAX_LIBTPU_DIR (.ci/run makes one).
+  from transformer_jax.errors import ConfigError
+  from transformer_jax.planning import runtime
+  directory = os.environ.get(runtime.LIBTPU_DIR_VARIABLE, '')
+  try:
+    if runtime.libtpu_path() is not None:
+      return directory
+  except ConfigError:  # the variable names a folder without libtpu
+    pass
+  message = (f'needs the TPU compiler libtpu: pip install -e ".[tpu]" (or '
+             f'{runtime.LIBTPU_DIR_VARIABLE}=a folder holding libtpu; now {directory or "unset"})')
   if os.environ.get('CI') == 'true':
     pytest.fail(message, pytrace=False)
   pytest.skip(message)

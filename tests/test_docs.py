@@ -25,10 +25,6 @@ RUN_MARKER = '# runs in the tests'
 _LINK = re.compile(r'!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)')
 # A fenced block: its info string (e.g. 'python') and its body.
 _FENCE = re.compile(r'^```([^\n`]*)\n(.*?)^```\s*$', re.MULTILINE | re.DOTALL)
-# "session" as a sitting of work ("session 7", "this session", "sessions 8-10").
-_WORK_SITTING = re.compile(
-    r'\bsessions?[- ]\d+|\b(this|that|an?|one|each|the same|earlier|previous|later|next|last)'
-    r' session\b', re.IGNORECASE)
 
 
 def doc_pages() -> list[str]:
@@ -101,13 +97,6 @@ def test_readme_stays_short():
   size = os.path.getsize(README)
   assert size <= README_MAX_BYTES, (
       f'README.md is {size} bytes (limit {README_MAX_BYTES}); move detail to a page in docs/')
-
-
-@pytest.mark.parametrize('path', all_docs(), ids=lambda p: os.path.relpath(p, REPO_ROOT))
-def test_measurements_name_their_date_not_a_work_sitting(path):
-  """Figures are dated by date, commit and machine, never by a "session N" label."""
-  hits = [m.group(0) for m in _WORK_SITTING.finditer(read(path))]
-  assert not hits, f'{os.path.relpath(path, REPO_ROOT)} mentions {hits}; give date/commit/machine'
 
 
 def test_there_are_examples_to_run():
