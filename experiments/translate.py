@@ -15,6 +15,11 @@ r"""Train, evaluate and use an encoder-decoder Transformer for translation.
       --config.eval.test_prefix=test_2016_flickr
 
 Rerunning the train command resumes from the latest checkpoint in the workdir.
+
+T5 (experiments/configs/t5_*.py): span-corruption pretraining on plain text, text-to-text
+translation with a task prefix, and fine-tuning a pretrained T5, from a span-corruption workdir
+(--config.init.workdir=DIR) or a Hugging Face T5 directory (--config.init.hf_dir=DIR); the
+commands are in t5_span_corruption.py and t5_multi30k.py.
 """
 
 from transformer_jax.cli import process

@@ -32,13 +32,27 @@ class TransformerConfig:
   source_vocab_size: int | None = None
   share_embeddings: bool = True  # source and target share one embedding table
   tie_output: bool = True  # output logits use the (target) embedding matrix
+  # T5 (v1.0): the decoder's features are multiplied by emb_dim**-0.5 before the tied output
+  # projection. Its embeddings are unscaled N(0, 1) rows, so without this the tied logits
+  # would be sqrt(emb_dim) times too large. Needs tie_output.
+  rescale_tied_output: bool = False
   emb_dim: int = 512
+  # ALBERT's factorised embedding (Lan et al. 2019): token/position/segment tables of width
+  # embedding_size (E), normalised there, then projected E -> emb_dim (D); the MLM head maps back
+  # D -> E before its tied output. V x E + E x D instead of V x D parameters. None: E = D, no
+  # projection (an E equal to D still has one, as in HF's ALBERT). Bert only (the other models
+  # refuse it).
+  embedding_size: int | None = None
   num_heads: int = 8
   num_kv_heads: int | None = None  # grouped-query attention (None: num_heads)
   head_dim: int | None = None  # None: emb_dim // num_heads
   mlp_dim: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
+  # ALBERT's cross-layer sharing: each stack holds ONE layer's parameters ('shared_layer'),
+  # applied num_*_layers times (a deep model with one layer's parameter count). Not with a KV
+  # cache (decode): one layer's cache cannot serve every application.
+  share_layers: bool = False
   max_len: int = 256
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
@@ -52,9 +66,12 @@ class TransformerConfig:
   rotary_base: float = 10000.0
   activation: str = 'relu'
   use_bias: bool = True
-  scale_embeddings: bool = True  # multiply token embeddings by sqrt(emb_dim)
+  scale_embeddings: bool = True  # multiply token embeddings by sqrt(their width, emb_dim)
   embed_init_std: float | None = None  # None = 1/sqrt(emb_dim); GPT-2 and BERT use 0.02
   attention_implementation: str = 'auto'
+  # Attention logits are q.k / sqrt(head_dim) (Vaswani et al.); False: plain q.k, as T5 (its
+  # query projection absorbs the scale). Every attention implementation honours it.
+  scale_attention_scores: bool = True
   dtype: Any = jnp.float32  # compute dtype
   param_dtype: Any = jnp.float32
   decode: bool = False  # autoregressive decoding with a KV cache
@@ -94,6 +111,12 @@ class TransformerConfig:
       check(getattr(self, name) > 0, f'{name} must be positive, got {getattr(self, name)}')
     check(self.num_encoder_layers >= 0 and self.num_decoder_layers >= 0,
           'layer counts must be >= 0')
+    check(self.embedding_size is None or self.embedding_size > 0,
+          f'embedding_size must be positive or None (= emb_dim), got {self.embedding_size}')
+    check(
+        not (self.share_layers and self.decode),
+        'share_layers=True cannot decode with a KV cache (one shared layer would hold the '
+        'cache of every application); decode with an unshared model')
     check(self.head_dim > 0 and self.num_kv_heads > 0 and self.source_vocab_size > 0,
           'head_dim, num_kv_heads and source_vocab_size must be positive')
     check(self.num_heads % self.num_kv_heads == 0,
@@ -112,6 +135,15 @@ class TransformerConfig:
         f'got {self.attention_implementation!r}')
     check(self.position != 'rotary' or self.head_dim % 2 == 0,
           'rotary positions need an even head_dim')
+    check(
+        self.position != 'relative' or
+        (self.relative_buckets >= 4 and self.relative_max_distance > self.relative_buckets // 2),
+        'relative positions need relative_buckets >= 4 and relative_max_distance > '
+        f'relative_buckets // 2 (got {self.relative_buckets} and {self.relative_max_distance})')
+    check(
+        not self.rescale_tied_output or self.tie_output,
+        'rescale_tied_output=True rescales the features before a tied output projection; '
+        'it needs tie_output=True')
     check(self.remat_policy in REMAT_POLICIES,
           f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,

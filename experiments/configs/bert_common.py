@@ -1,4 +1,5 @@
-"""Defaults shared by the BERT configs: pretraining (MLM + NSP/SOP) and fine-tuning."""
+"""Defaults shared by the BERT-family configs: pretraining (MLM + NSP/SOP, or RoBERTa's MLM on
+full sentences) and fine-tuning."""
 
 import ml_collections
 
@@ -35,15 +36,21 @@ def pretrain_config() -> ml_collections.ConfigDict:
   config.data.max_len = 128  # tokens per sequence, [CLS] and [SEP]s included
   config.data.max_predictions = 20  # masked positions scored per sequence (15% of 128 = 19)
   config.data.mask_rate = 0.15  # selected tokens: 80% [MASK], 10% random, 10% unchanged
-  config.data.sentence_task = 'nsp'  # 'nsp' (BERT), 'sop' (ALBERT) or 'none' (RoBERTa)
+  # 'nsp' (BERT), 'sop' (ALBERT), 'none' (one-document rows, like RoBERTa's DOC-SENTENCES) or
+  # 'full_sentences' (RoBERTa's: rows packed across documents with a separator between them).
+  config.data.sentence_task = 'nsp'
+  config.data.type_vocab_size = 2  # segment ids (sentence A / B); RoBERTa has 1 (no token types)
   config.data.short_seq_prob = 0.1  # sometimes shorter sequences, as BERT's data generator
   config.data.batch_size = 32
   config.data.eval_batches = 20
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.vocab_file = ''  # a BERT vocab.txt; '' = train WordPiece on the corpus
+  # 'wordpiece' (BERT's; WORKDIR/vocab.txt) or 'byte_bpe' (RoBERTa's byte-level BPE with <s>,
+  # <pad>, </s>, <unk>, <mask>; WORKDIR/tokenizer/, HF files), trained on the training text.
+  config.tokenizer.type = 'wordpiece'
+  config.tokenizer.vocab_file = ''  # wordpiece: a BERT vocab.txt; '' = train on the corpus
   config.tokenizer.vocab_size = 8000
-  config.tokenizer.lowercase = True
+  config.tokenizer.lowercase = True  # wordpiece only (byte-level BPE keeps the text as it is)
 
   # BERT's architecture from its one definition beside bert_config(); BERT-base sizes.
   config.model = ml_collections.ConfigDict(

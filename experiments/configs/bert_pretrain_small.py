@@ -1,8 +1,9 @@
 r"""A small BERT (4 layers, 256 wide) pretrained with MLM + NSP on local English text.
 
   python -m experiments.bert --config=experiments/configs/bert_pretrain_small.py --workdir=/tmp/bp
-  # RoBERTa-style (MLM only) or ALBERT-style (sentence-order prediction):
+  # other objectives on the same model: MLM only, one document per row | sentence order
   #   --config.data.sentence_task=none   |   --config.data.sentence_task=sop
+  # RoBERTa and ALBERT themselves: roberta_pretrain_small.py, albert_pretrain_small.py
 
 The English side of Multi30k (one caption per line; every 8 lines make a "document") and Tiny
 Shakespeare (speeches separated by blank lines). 2% of the documents are held out: evaluation

@@ -24,10 +24,13 @@ def lm_config() -> ml_collections.ConfigDict:
   config.data.eval_batches = 20  # fixed validation batches, the same at every evaluation
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.type = 'char'  # 'char' or 'sentencepiece'
-  config.tokenizer.vocab_size = 256  # for 'sentencepiece' (a char vocabulary sizes itself)
-  config.tokenizer.model_type = 'unigram'
-  config.tokenizer.max_sentences = 2_000_000
+  # 'char', 'sentencepiece' or 'byte_bpe' (GPT-2's byte-level BPE, saved as the Hugging Face
+  # folder tokenizer/ in the workdir; documents joined with '<|endoftext|>').
+  config.tokenizer.type = 'char'
+  # For 'sentencepiece' and 'byte_bpe' (>= 257); a char vocabulary sizes itself.
+  config.tokenizer.vocab_size = 256
+  config.tokenizer.model_type = 'unigram'  # for 'sentencepiece'
+  config.tokenizer.max_sentences = 2_000_000  # for 'sentencepiece'
 
   # GPT-2's architecture (learned positions, Pre-LN, tanh-GELU, tied output, init std 0.02),
   # from its one definition beside gpt2_config(); sizes and dropout are this config's own.

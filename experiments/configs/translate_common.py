@@ -21,13 +21,24 @@ def translate_config() -> ml_collections.ConfigDict:
   config.data.batch_tokens = 4096  # padded tokens per batch (source or target side)
   config.data.buckets = ()  # () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
   config.data.skip_invalid_utf8 = False
-  config.data.max_train_examples = 0  # 0 = all
+  config.data.max_train_examples = 0  # 0 = all (span corruption: chunks)
+  # T5's recipes (transformer_jax/data/span_corruption.py); the defaults leave translation as is.
+  config.data.source_prefix = ''  # text-to-text: e.g. 'translate English to German: ' on sources
+  config.data.task = 'translation'  # or 'span_corruption': pretrain on plain text (T5)
+  config.data.text_path = ''  # span_corruption: a UTF-8 text file (.gz too), one passage a line
+  config.data.valid_text_path = ''  # span_corruption: held-out text; '' = the end of text_path
+  config.data.valid_fraction = 0.05  # span_corruption without valid_text_path: lines held out
+  config.data.noise_density = 0.15  # span_corruption: share of tokens cut out
+  config.data.mean_noise_span_length = 3.0  # span_corruption: mean tokens per cut-out span
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 8000
   config.tokenizer.joint = True  # one SentencePiece model for both languages
   config.tokenizer.model_type = 'unigram'
   config.tokenizer.max_sentences = 2_000_000
+  # T5's sentinels: extra ids on top of the SentencePiece pieces, sentinel i = model vocabulary
+  # size - 1 - i (span corruption needs them; T5 has 100, written '<extra_id_i>').
+  config.tokenizer.num_sentinels = 0
 
   config.model = ml_collections.ConfigDict(
       dict(emb_dim=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,
@@ -36,6 +47,14 @@ def translate_config() -> ml_collections.ConfigDict:
            share_embeddings=True, tie_output=True, scale_embeddings=True, dtype='float32',
            param_dtype='float32', remat_policy='none', scan_layers=False,
            attention_implementation='auto'))
+
+  # Fine-tuning a pretrained T5 (text to text; workflows/t5_init.py): at most one of
+  #   workdir: a span-corruption (or other T5) workdir of this workflow: its latest params, its
+  #     spm.model and sentinels, its model config (config.model must agree on every shape);
+  #   hf_dir: a Hugging Face T5 directory (config.json, model.safetensors, tokenizer.json or
+  #     spiece.model): its weights, tokenizer and model config (config.model gives dropout etc.).
+  # Applied at step 0 only: a rerun resumes from the run's own checkpoints.
+  config.init = ml_collections.ConfigDict({'workdir': '', 'hf_dir': ''})
 
   config.loss = ml_collections.ConfigDict({'label_smoothing': 0.1})
 

@@ -44,8 +44,11 @@ def load_saved_config(workdir: str):
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise ConfigError(f'{workdir} has no config.json: is it a trained workdir?')
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  try:
+    with open(path, encoding='utf-8') as f:
+      config = ml_collections.ConfigDict(json.load(f))
+  except ValueError as error:
+    raise ConfigError(f'{path} is not valid JSON ({error}): is it a trained workdir?') from None
   unavailable = validation.attention_kernel_unavailable(config)
   if unavailable:  # e.g. trained on a TPU with Pallas, now translating on a laptop
     logging.warning("%s: using 'auto' for this run", unavailable)

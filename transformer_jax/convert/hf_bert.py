@@ -1,25 +1,35 @@
-"""Hugging Face BERT checkpoints -> `Bert` config, params and WordPiece tokenizer.
+"""Hugging Face BERT checkpoints <-> `Bert` config, params and WordPiece tokenizer.
 
     # a directory with config.json, model.safetensors (or pytorch_model.bin) and vocab.txt
     cfg, params, tokenizer, heads = load_hf_bert('/path/to/bert')
     out = Bert(cfg, **heads).apply({'params': params}, tokens)
+    # and back (heads: the `Bert` attributes the params were trained with)
+    heads = bert_heads(params)
+    hf_config, state = bert_config_to_hf(cfg, **heads), export_bert_state_dict(cfg, params)
 
 Reads `BertModel` checkpoints (encoder + pooler) and the heads of `BertForPreTraining`,
 `BertForMaskedLM` and `BertForSequenceClassification` when present ('bert.'-prefixed names).
 HF's `nn.Linear` weights are [out, in]: transposed to our [in, out] kernels, and the attention
 projections' head axis unflattened (HF orders columns head-major, as our (heads, head_dim)).
 Weights come from `safetensors`, or `pytorch_model.bin` via `torch.load(weights_only=True)`.
+
+Export writes the HF class that holds exactly the heads the params have (`bert_architecture`):
+MLM + NSP/SOP -> `BertForPreTraining`, MLM alone -> `BertForMaskedLM`, a classifier ->
+`BertForSequenceClassification`; import(export(params)) == params bit for bit.
 """
 
 import json
 import os
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_gpt2 import read_state_dict
+from transformer_jax.convert.hf_gpt2 import read_state_dict, refuse_switches
+from transformer_jax.convert.name_table import (ParamReader, Table, canonical_names,
+                                                params_from_table, same, state_from_table,
+                                                strip_prefix, transpose)
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import bert_config
@@ -30,14 +40,23 @@ _ACTIVATIONS = {
     'relu': 'relu', 'silu': 'silu', 'swish': 'silu'
 }
 _PREFIX = 'bert.'
+# BERT's successors, whose directories look like BERT's but are read by their own converters.
+_OTHER_FAMILIES = {
+    'roberta': 'RoBERTa (convert/hf_roberta.load_hf_roberta)',
+    'albert': 'ALBERT (convert/hf_albert.load_hf_albert)'
+}
 _BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
 
 
 def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[TransformerConfig, int]:
   """(our config, type_vocab_size) for an HF `BertConfig` dict; `overrides` win."""
   c = dict(hf_config)
-  if c.get('model_type', 'bert') != 'bert':
-    raise ConfigError(f"config.json has model_type={c['model_type']!r}; only 'bert' is supported")
+  model_type = c.get('model_type', 'bert')
+  if model_type in _OTHER_FAMILIES:
+    raise ConfigError(f'config.json has model_type={model_type!r}: a {_OTHER_FAMILIES[model_type]} '
+                      'checkpoint, not BERT; import it with that family\'s loader')
+  if model_type != 'bert':
+    raise ConfigError(f"config.json has model_type={model_type!r}; only 'bert' is supported")
   activation = c.get('hidden_act', 'gelu')
   if activation not in _ACTIVATIONS:
     raise ConfigError(f'config.json hidden_act={activation!r} is not supported; supported: '
@@ -64,39 +83,38 @@ def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[Tran
   return bert_config(**values), int(c.get('type_vocab_size', 2))
 
 
-def _linear(w):
-  return np.ascontiguousarray(w.T)
-
-
 def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads: dict,
-           pooler: bool = True) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], Callable]]:
-  """HF name (no prefix) -> (our param path, HF shape, HF array -> our array)."""
+           pooler: bool = True) -> Table:
+  """HF name (no prefix) -> (our param path, HF shape, HF array -> ours, our array -> HF's)."""
   e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
-  same = lambda x: x
   table = {}
 
-  def linear(hf, path, out, inp, kernel=_linear, bias=same):
-    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), kernel)
-    table[f'{hf}.bias'] = (path + ('bias',), (out,), bias)
+  def linear(hf, path, out, inp, kernel=(transpose, transpose), bias=(same, same)):
+    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), *kernel)
+    table[f'{hf}.bias'] = (path + ('bias',), (out,), *bias)
 
   def norm(hf, path):
-    table[f'{hf}.weight'] = (path + ('scale',), (e,), same)
-    table[f'{hf}.bias'] = (path + ('bias',), (e,), same)
+    table[f'{hf}.weight'] = (path + ('scale',), (e,), same, same)
+    table[f'{hf}.bias'] = (path + ('bias',), (e,), same, same)
 
   table['embeddings.word_embeddings.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e),
-                                                same)
+                                                same, same)
   table['embeddings.position_embeddings.weight'] = (('input_embedding', 'position_embedding',
-                                                     'embedding'), (cfg.max_len, e), same)
+                                                     'embedding'), (cfg.max_len, e), same, same)
   table['embeddings.token_type_embeddings.weight'] = (('segment_embedding',), (type_vocab_size, e),
-                                                      same)
+                                                      same, same)
   norm('embeddings.LayerNorm', ('input_embedding', 'embedding_norm'))
   for i in range(num_layers):
     hf, ours = f'encoder.layer.{i}', ('encoder', f'layer_{i}')
     for name in ('query', 'key', 'value'):
-      linear(f'{hf}.attention.self.{name}', ours + ('self_attention', name), h * d, e,
-             kernel=lambda w: _linear(w).reshape(e, h, d), bias=lambda b: b.reshape(h, d))
-    linear(f'{hf}.attention.output.dense', ours + ('self_attention', 'out'), e, h * d,
-           kernel=lambda w: _linear(w).reshape(h, d, e))
+      linear(
+          f'{hf}.attention.self.{name}', ours + ('self_attention', name), h * d, e,
+          kernel=(lambda w: transpose(w).reshape(e, h, d),
+                  lambda k: transpose(k.reshape(e, h * d))),
+          bias=(lambda b: b.reshape(h, d), lambda b: b.reshape(h * d)))
+    linear(
+        f'{hf}.attention.output.dense', ours + ('self_attention', 'out'), e, h * d,
+        kernel=(lambda w: transpose(w).reshape(h, d, e), lambda k: transpose(k.reshape(h * d, e))))
     norm(f'{hf}.attention.output.LayerNorm', ours + ('self_attention_norm',))
     linear(f'{hf}.intermediate.dense', ours + ('mlp', 'wi'), m, e)
     linear(f'{hf}.output.dense', ours + ('mlp', 'wo'), e, m)
@@ -106,7 +124,7 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads:
   if heads.get('mlm'):
     linear('cls.predictions.transform.dense', ('mlm_transform',), e, e)
     norm('cls.predictions.transform.LayerNorm', ('mlm_norm',))
-    table['cls.predictions.bias'] = (('mlm_bias',), (cfg.vocab_size,), same)
+    table['cls.predictions.bias'] = (('mlm_bias',), (cfg.vocab_size,), same, same)
   if heads.get('sentence_classes'):
     linear('cls.seq_relationship', ('sentence_head',), heads['sentence_classes'], e)
   if heads.get('num_labels'):
@@ -114,29 +132,27 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads:
   return table
 
 
-def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file): no 'bert.' prefix, TF-era
-  LayerNorm.gamma/beta renamed, buffers and the tied (or duplicated) decoder dropped."""
-  arrays, original = {}, {}
-  for name, value in state.items():
-    bare = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
-    bare = re.sub(r'LayerNorm\.gamma$', 'LayerNorm.weight', bare)
-    bare = re.sub(r'LayerNorm\.beta$', 'LayerNorm.bias', bare)
-    if bare in _BUFFERS:
-      continue
-    if bare in arrays:
-      raise ConfigError(f'checkpoint holds {name} both with and without the {_PREFIX!r} prefix')
-    arrays[bare], original[bare] = np.asarray(value), name
+def _bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
+                head: str = 'cls.predictions.') -> tuple[dict, dict]:
+  """(bare name -> array, bare name -> name in the file): no `prefix`, TF-era LayerNorm.gamma/beta
+  renamed, buffers and the tied (or duplicated) decoder of the MLM `head` dropped.
+
+  ALBERT and RoBERTa checkpoints differ only in the prefix and the head's name ('predictions.',
+  'lm_head.'), so their converters call this too.
+  """
+  strip = strip_prefix(prefix)
+  canonical = lambda name: re.sub(r'LayerNorm\.beta$', 'LayerNorm.bias',
+                                  re.sub(r'LayerNorm\.gamma$', 'LayerNorm.weight', strip(name)))
+  arrays, original = canonical_names(state, canonical, prefix, drop=_BUFFERS.__contains__)
   # The MLM decoder is tied to the word embeddings (weight) and shares the head's bias.
-  decoder_w = arrays.pop('cls.predictions.decoder.weight', None)
+  decoder_w = arrays.pop(f'{head}decoder.weight', None)
   if decoder_w is not None and not np.array_equal(decoder_w,
                                                   arrays.get('embeddings.word_embeddings.weight')):
-    raise ConfigError('cls.predictions.decoder.weight differs from the word embeddings: untied '
-                      'MLM output layers are not supported')
-  decoder_b = arrays.pop('cls.predictions.decoder.bias', None)
-  if decoder_b is not None and 'cls.predictions.bias' not in arrays:
-    arrays['cls.predictions.bias'] = decoder_b
-    original['cls.predictions.bias'] = 'cls.predictions.decoder.bias'
+    raise ConfigError(f'{head}decoder.weight differs from the word embeddings: untied MLM output '
+                      'layers are not supported')
+  decoder_b = arrays.pop(f'{head}decoder.bias', None)
+  if decoder_b is not None and f'{head}bias' not in arrays:
+    arrays[f'{head}bias'], original[f'{head}bias'] = decoder_b, f'{head}decoder.bias'
   return arrays, original
 
 
@@ -167,26 +183,8 @@ def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
   # initialises it afresh).
   table = _table(cfg, type_vocab_size, cfg.num_encoder_layers, heads, pooler='pooler.dense.weight'
                  in arrays)
-  unknown = sorted(original[k] for k in arrays if k not in table)
-  if unknown:
-    raise ConfigError(f'checkpoint has unknown parameter(s) {", ".join(unknown)}: not part of a '
-                      f'BERT with {cfg.num_encoder_layers} layers and heads {heads}')
-  missing = sorted(k for k in table if k not in arrays)
-  if missing:
-    shown = ', '.join(missing[:8]) + (f' (and {len(missing) - 8} more)' if len(missing) > 8 else '')
-    raise ConfigError(f'checkpoint lacks parameter(s) {shown} that the config implies')
-  dtype = np.dtype(cfg.param_dtype)
-  params: dict = {}
-  for name, (path, shape, convert) in table.items():
-    value = arrays[name]
-    if tuple(value.shape) != shape:
-      raise ConfigError(f'{original[name]} has shape {tuple(value.shape)} but the config implies '
-                        f'{shape}')
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = np.ascontiguousarray(convert(value.astype(dtype)))
-  return params
+  return params_from_table(table, arrays, original, dtype=cfg.param_dtype,
+                           what=f'a BERT with {cfg.num_encoder_layers} layers and heads {heads}')
 
 
 def load_hf_bert(directory: str, **overrides):
@@ -206,7 +204,7 @@ def load_hf_bert(directory: str, **overrides):
   state = read_state_dict(directory)
   heads = detect_heads(state)
   params = convert_bert_state_dict(state, cfg, type_vocab_size, heads)
-  lowercase = _lowercase(directory)
+  lowercase = tokenizer_lowercase(directory)
   tokenizer = WordPieceTokenizer.from_vocab(os.path.join(directory, 'vocab.txt'),
                                             lowercase=lowercase)
   if tokenizer.vocab_size != cfg.vocab_size:
@@ -217,10 +215,115 @@ def load_hf_bert(directory: str, **overrides):
   return cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size)
 
 
-def _lowercase(directory: str) -> bool:
+def tokenizer_lowercase(directory: str) -> bool:
   """tokenizer_config.json's do_lower_case (BERT's uncased checkpoints); default True."""
   path = os.path.join(directory, 'tokenizer_config.json')
   if os.path.exists(path):
     with open(path) as f:
       return bool(json.load(f).get('do_lower_case', True))
   return True
+
+
+# -- export -------------------------------------------------------------------------------------
+
+# Our activation names -> HF's (the inverse of _ACTIVATIONS; HF's 'gelu' is the exact erf form).
+_HF_ACTIVATIONS = {'gelu_exact': 'gelu', 'gelu': 'gelu_new', 'relu': 'relu', 'silu': 'silu'}
+
+
+def bert_heads(params) -> dict:
+  """The `Bert` attributes {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'} that
+  `params` were built with (what `load_hf_bert` returns as `heads`)."""
+  shape = lambda name, axis: int(np.shape(params[name]['kernel'])[axis]) if name in params else 0
+  if 'segment_embedding' not in params:
+    raise ConfigError('params lack segment_embedding: not the parameters of a Bert model')
+  return {
+      'type_vocab_size': int(np.shape(params['segment_embedding'])[0]),
+      'mlm': 'mlm_transform' in params, 'sentence_classes': shape('sentence_head', 1),
+      'num_labels': shape('classifier', 1)
+  }
+
+
+def bert_architecture(mlm: bool = True, sentence_classes: int = 2, num_labels: int = 0) -> str:
+  """The HF class that holds exactly these heads (and so loads every exported weight):
+
+    MLM + 2-way sentence head (NSP, or SOP: the same shape) -> BertForPreTraining
+    MLM alone (RoBERTa-style pretraining)                    -> BertForMaskedLM
+    2-way sentence head alone                                -> BertForNextSentencePrediction
+    a classifier alone (fine-tuned)                          -> BertForSequenceClassification
+    no head                                                  -> BertModel
+  Other combinations have no HF class: a ConfigError naming them.
+  """
+  heads = (bool(mlm), int(sentence_classes), int(num_labels))
+  table = {(True, 2, 0): 'BertForPreTraining', (True, 0, 0): 'BertForMaskedLM',
+           (False, 2, 0): 'BertForNextSentencePrediction', (False, 0, 0): 'BertModel'}
+  if heads in table:
+    return table[heads]
+  if not mlm and not sentence_classes:
+    return 'BertForSequenceClassification'
+  raise ConfigError(f'no Hugging Face BERT class holds the heads mlm={mlm}, sentence_classes='
+                    f'{sentence_classes}, num_labels={num_labels} together')
+
+
+def check_bert_expressible(cfg: TransformerConfig, family: str = 'BERT') -> None:
+  """One ConfigError naming the first switch of `cfg` that HF's BERT layers (which RoBERTa's
+  reuse, hence `family` for the message) have no equivalent for."""
+  refuse_switches(
+      family, cfg,
+      dict(position='learned', norm_type='layernorm', norm_position='post', embedding_norm=True,
+           activation=tuple(_HF_ACTIVATIONS), use_bias=True, tie_output=True,
+           num_kv_heads=cfg.num_heads, head_dim=cfg.emb_dim // cfg.num_heads,
+           scale_embeddings=False, scale_attention_scores=True, rescale_tied_output=False,
+           share_layers=False, embedding_size=None))
+  if cfg.head_dim * cfg.num_heads != cfg.emb_dim:
+    raise ConfigError(f'{family} cannot express head_dim={cfg.head_dim} with num_heads='
+                      f'{cfg.num_heads} and emb_dim={cfg.emb_dim} (it needs heads x head_dim = '
+                      'emb_dim)')
+
+
+_check_bert_expressible = check_bert_expressible  # the name other converters may import
+
+
+def bert_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 2, mlm: bool = True,
+                      sentence_classes: int = 2, num_labels: int = 0) -> dict:
+  """The config.json dict of the HF BERT class (`bert_architecture`) computing what
+  `Bert(cfg, type_vocab_size, mlm, sentence_classes, num_labels)` computes.
+
+  Raises one ConfigError naming the first switch BERT has no equivalent for. HF masks padding
+  through `attention_mask` (its tokenizer returns it), where `Bert` masks ids equal to [PAD] (0).
+  """
+  check_bert_expressible(cfg)
+  architecture = bert_architecture(mlm, sentence_classes, num_labels)
+  config = {
+      'model_type': 'bert', 'architectures': [architecture], 'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.emb_dim, 'num_hidden_layers': cfg.num_encoder_layers,
+      'num_attention_heads': cfg.num_heads, 'intermediate_size': cfg.mlp_dim,
+      'hidden_act': _HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
+      'attention_probs_dropout_prob': cfg.attention_dropout_rate,
+      'max_position_embeddings': cfg.max_len, 'type_vocab_size': int(type_vocab_size),
+      'initializer_range': cfg.embed_init_std or 0.02, 'layer_norm_eps': cfg.norm_epsilon,
+      'position_embedding_type': 'absolute', 'pad_token_id': 0, 'tie_word_embeddings': True,
+      'is_decoder': False, 'add_cross_attention': False, 'dtype': 'float32'
+  }
+  if architecture == 'BertForSequenceClassification':
+    config['id2label'] = {str(i): f'LABEL_{i}' for i in range(num_labels)}
+    config['label2id'] = {f'LABEL_{i}': i for i in range(num_labels)}
+  return config
+
+
+def export_bert_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarray]:
+  """HF state dict (name -> contiguous float32 array) of our `Bert` params, named as the class
+  `bert_architecture(**heads)` saves them: encoder and pooler 'bert.'-prefixed (bare for
+  `BertModel`), heads ('cls.*', 'classifier.*') not; the MLM decoder is tied, so not written.
+
+  The inverse of `convert_bert_state_dict`: importing the result gives `params` back bit for bit
+  (as float32). Raises ConfigError for a config BERT cannot express or params that do not fit.
+  """
+  check_bert_expressible(cfg)
+  heads = bert_heads(params)
+  prefix = '' if bert_architecture(heads['mlm'], heads['sentence_classes'],
+                                   heads['num_labels']) == 'BertModel' else _PREFIX
+  has_pooler = 'pooler' in params  # BertForMaskedLM checkpoints imported here have none
+  table = _table(cfg, heads['type_vocab_size'], cfg.num_encoder_layers, heads, pooler=has_pooler)
+  state = state_from_table(table, ParamReader(params, 'BERT'))
+  return {('' if name.startswith(('cls.', 'classifier.')) else prefix) + name: value
+          for name, value in state.items()}

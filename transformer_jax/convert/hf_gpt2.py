@@ -1,12 +1,19 @@
-"""Hugging Face GPT-2 checkpoints -> `GPT` config and params.
+"""Hugging Face GPT-2 checkpoints <-> `GPT` config and params.
 
     cfg, params = load_hf_gpt2('/path/to/gpt2')     # config.json + model.safetensors
     logits = GPT(cfg).apply({'params': params}, tokens)
+    # and back: the config.json dict and the state dict `GPT2LMHeadModel` loads
+    hf_config, state = gpt2_config_to_hf(cfg), export_gpt2_state_dict(cfg, params)
 
 HF's GPT-2 stores its linear layers as `Conv1D`, i.e. weight [in, out] (the transpose of
 `nn.Linear`), which is already our kernel layout; only the fused q|k|v projection needs splitting
 and the head axis unflattening. HF flattens heads head-major (column h * head_dim + d), the same
 order as our (heads, head_dim) kernels, so reshapes suffice and nothing is permuted.
+
+Export is the exact inverse (import(export(params)) == params bitwise): q|k|v fused back into
+`c_attn`, names 'transformer.'-prefixed as `GPT2LMHeadModel.save_pretrained` writes them, and
+`lm_head.weight` only for an untied output layer. A config GPT-2 cannot express (rotary
+positions, RMSNorm, no biases, gated MLPs, ...) is refused with one line naming the switch.
 
 Checkpoints are read with `safetensors` (no code runs on load). A directory that only has the
 legacy `pytorch_model.bin` is read with `torch.load(weights_only=True)`, which refuses pickled
@@ -21,6 +28,10 @@ from typing import Any, Mapping
 import numpy as np
 from absl import logging
 
+# ParamReader and params_to_numpy lived here; other converters and callers may import them
+# from this module still.
+from transformer_jax.convert.name_table import ParamReader, params_to_numpy  # noqa: F401
+from transformer_jax.convert.name_table import canonical_names, check_state, strip_prefix
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config
@@ -88,37 +99,17 @@ def _expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _strip_names(state: Mapping[str, Any], tie_output: bool) -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file), dropping buffers and a tied head."""
-  arrays, original = {}, {}
-  for name, value in state.items():
-    bare = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
-    if _BUFFER.match(bare) or (bare == 'lm_head.weight' and tie_output):
-      continue  # HF re-ties the head on load; the embedding is the one that counts.
-    if bare in arrays:
-      raise ConfigError(f'checkpoint holds {name} both with and without the '
-                        f'{_PREFIX!r} prefix')
-    arrays[bare], original[bare] = value, name
-  return arrays, original
+  """(bare name -> array, bare name -> name in the file), dropping buffers and a tied head
+  (HF re-ties the head on load; the embedding is the one that counts)."""
+  return canonical_names(
+      state, strip_prefix(_PREFIX), _PREFIX, drop=lambda bare: bool(_BUFFER.match(bare)) or
+      (bare == 'lm_head.weight' and tie_output))
 
 
 def _check(arrays: dict, original: dict, cfg: TransformerConfig) -> None:
   """Raises one ConfigError naming unknown, missing or mis-shaped parameters."""
-  expected = _expected_shapes(cfg)
-  unknown = sorted(original[k] for k in arrays if k not in expected)
-  if unknown:
-    raise ConfigError(f'checkpoint has unknown parameter(s) {", ".join(unknown)}: not part of a '
-                      f'GPT-2 with {cfg.num_decoder_layers} layers')
-  missing = sorted(k for k in expected if k not in arrays)
-  if missing:
-    shown = ', '.join(missing[:8]) + (f' (and {len(missing) - 8} more)' if len(missing) > 8 else '')
-    raise ConfigError(f'checkpoint lacks parameter(s) {shown}')
-  wrong = [
-      f'{original[k]} has shape {tuple(arrays[k].shape)} but the config implies {shape}'
-      for k, shape in expected.items()
-      if tuple(arrays[k].shape) != shape
-  ]
-  if wrong:
-    raise ConfigError('; '.join(wrong))
+  check_state(_expected_shapes(cfg), arrays, original,
+              what=f'a GPT-2 with {cfg.num_decoder_layers} layers')
 
 
 def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:
@@ -212,3 +203,98 @@ def load_hf_gpt2(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
   logging.info('imported GPT-2 from %s: %d layers, %d heads, width %d, vocab %d', directory,
                cfg.num_decoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size)
   return cfg, params
+
+
+# -- export -------------------------------------------------------------------------------------
+
+# Our activation names -> HF's (the inverse of _ACTIVATIONS; 'gelu' is the tanh approximation).
+_HF_ACTIVATIONS = {'gelu': 'gelu_new', 'gelu_exact': 'gelu', 'relu': 'relu', 'silu': 'silu'}
+# A block's HF names (under 'h.{i}.') -> ours (under 'stack/layer_{i}/') that map one to one; the
+# fused c_attn and the head-split c_proj weight are built apart.
+_LAYER_NAMES = (('ln_1.weight', 'self_attention_norm/scale'), ('ln_1.bias',
+                                                               'self_attention_norm/bias'),
+                ('attn.c_proj.bias', 'self_attention/out/bias'), ('ln_2.weight', 'mlp_norm/scale'),
+                ('ln_2.bias', 'mlp_norm/bias'), ('mlp.c_fc.weight',
+                                                 'mlp/wi/kernel'), ('mlp.c_fc.bias', 'mlp/wi/bias'),
+                ('mlp.c_proj.weight', 'mlp/wo/kernel'), ('mlp.c_proj.bias', 'mlp/wo/bias'))
+
+
+def refuse_switches(family: str, cfg: TransformerConfig, needed: Mapping[str, Any]) -> None:
+  """One ConfigError naming the first switch of `cfg` that differs from what `family` needs."""
+  for name, want in needed.items():
+    have = getattr(cfg, name, want)  # a switch this version lacks has its neutral value
+    ok = have in want if isinstance(want, tuple) else have == want
+    if not ok:
+      shown = ' or '.join(map(repr, want)) if isinstance(want, tuple) else repr(want)
+      raise ConfigError(f'{family} cannot express {name}={have!r} (it needs {shown}): no Hugging '
+                        f'Face {family} model computes what this one does')
+
+
+def _check_gpt2_expressible(cfg: TransformerConfig) -> None:
+  refuse_switches(
+      'GPT-2', cfg,
+      dict(num_encoder_layers=0, position='learned', norm_type='layernorm', norm_position='pre',
+           activation=tuple(_HF_ACTIVATIONS), use_bias=True, num_kv_heads=cfg.num_heads,
+           head_dim=cfg.emb_dim // cfg.num_heads, scale_embeddings=False, embedding_norm=False,
+           scale_attention_scores=True, rescale_tied_output=False, share_layers=False,
+           embedding_size=None))
+  if cfg.head_dim * cfg.num_heads != cfg.emb_dim:
+    raise ConfigError(f'GPT-2 cannot express head_dim={cfg.head_dim} with num_heads='
+                      f'{cfg.num_heads} and emb_dim={cfg.emb_dim} (it needs heads x head_dim = '
+                      'emb_dim)')
+
+
+def gpt2_config_to_hf(cfg: TransformerConfig) -> dict:
+  """The config.json dict of a `GPT2LMHeadModel` computing what `GPT(cfg)` computes.
+
+  Raises one ConfigError naming the first switch GPT-2 has no equivalent for. Token ids (bos,
+  eos) are the tokenizer's: None here, set by the caller that knows the tokenizer.
+  """
+  _check_gpt2_expressible(cfg)
+  activation = _HF_ACTIVATIONS[cfg.activation]
+  return {
+      'model_type': 'gpt2', 'architectures': ['GPT2LMHeadModel'], 'vocab_size': cfg.vocab_size,
+      'n_embd': cfg.emb_dim, 'n_head': cfg.num_heads, 'n_layer': cfg.num_decoder_layers,
+      'n_positions': cfg.max_len, 'n_ctx': cfg.max_len, 'n_inner': cfg.mlp_dim,
+      'activation_function': activation, 'layer_norm_epsilon': cfg.norm_epsilon,
+      'resid_pdrop': cfg.dropout_rate, 'embd_pdrop': cfg.dropout_rate,
+      'attn_pdrop': cfg.attention_dropout_rate, 'initializer_range': cfg.embed_init_std or 0.02,
+      'tie_word_embeddings': cfg.tie_output, 'scale_attn_weights': True,
+      'scale_attn_by_inverse_layer_idx': False, 'reorder_and_upcast_attn': False,
+      'add_cross_attention': False, 'bos_token_id': None, 'eos_token_id': None, 'dtype': 'float32'
+  }
+
+
+def export_gpt2_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarray]:
+  """HF `GPT2LMHeadModel` state dict (name -> contiguous float32 array) of our `GPT` params.
+
+  The inverse of `convert_gpt2_state_dict`: importing the result gives `params` back bit for
+  bit (as float32). Raises ConfigError for a config GPT-2 cannot express or params that do not
+  fit it.
+  """
+  _check_gpt2_expressible(cfg)
+  get = ParamReader(params, 'GPT-2')
+  e = cfg.emb_dim
+  state = {
+      'wte.weight': get('token_embed/embedding'),
+      'wpe.weight': get('input_embedding/position_embedding/embedding')
+  }
+  for i in range(cfg.num_decoder_layers):
+    ours, hf = f'stack/layer_{i}', f'h.{i}'
+    qkv = [f'{ours}/self_attention/{name}' for name in ('query', 'key', 'value')]
+    state[f'{hf}.attn.c_attn.weight'] = np.concatenate(
+        [get(f'{path}/kernel').reshape(e, -1) for path in qkv], axis=1)
+    state[f'{hf}.attn.c_attn.bias'] = np.concatenate([get(f'{path}/bias').ravel() for path in qkv])
+    state[f'{hf}.attn.c_proj.weight'] = get(f'{ours}/self_attention/out/kernel').reshape(-1, e)
+    for hf_name, our_name in _LAYER_NAMES:
+      state[f'{hf}.{hf_name}'] = get(f'{ours}/{our_name}')
+  state['ln_f.weight'] = get('stack/final_norm/scale')
+  state['ln_f.bias'] = get('stack/final_norm/bias')
+  names = {k: _PREFIX + k for k in state}
+  if not cfg.tie_output:
+    state['lm_head.weight'] = get('lm_head/kernel').T  # nn.Linear is [out, in]
+    names['lm_head.weight'] = 'lm_head.weight'
+  # The shapes the importer expects: params of another size are named here, not by HF on load.
+  _check(state, names, cfg)
+  get.finish()
+  return {names[k]: np.ascontiguousarray(v) for k, v in state.items()}

@@ -1,11 +1,22 @@
-"""BERT pretraining data: sentence pairs (NSP / SOP / single segments) and dynamic MLM masks.
+"""BERT pretraining data: sentence pairs (NSP / SOP), single segments, and dynamic MLM masks.
 
-Documents are lists of sentence lines. An example starts at a random line of a random
-document:
-  nsp:  A = consecutive lines from there (about half the budget); B = the lines that follow
-        (label 0) or, half the time, lines from another document (label 1; Devlin et al. 2019);
-  sop:  A and B are always consecutive; half the time they are swapped (label 1; ALBERT);
-  none: one segment of consecutive lines filling the whole budget (RoBERTa's FULL-SENTENCES).
+Documents are lists of sentence lines (`sentence_task` names the input format):
+  nsp:  an example starts at a random line of a random document; A = consecutive lines from
+        there (about half the budget); B = the lines that follow (label 0) or, half the time,
+        lines from another document (label 1; Devlin et al. 2019);
+  sop:  as nsp, but A and B are always consecutive; half the time they are swapped (label 1;
+        ALBERT, Lan et al. 2020);
+  none: one segment of consecutive lines from a random line of a random document, up to the
+        budget and never past the document's end: like RoBERTa's DOC-SENTENCES (Liu et al.
+        2019, section 4.2). Rows are sampled, so a line may be seen in several rows or in none
+        within a given number of steps;
+  full_sentences: RoBERTa's FULL-SENTENCES. All lines, document after document, are packed once
+        into rows of at most max_len - 2 tokens: each row holds whole consecutive lines and
+        crosses document boundaries, with a separator token (the tokenizer's sep_id, RoBERTa's
+        extra </s>) between the last line of one document and the first of the next. No line is
+        split across rows and none is lost: each appears in exactly one row (a line longer than
+        a row is cut to the row and counted in `truncated_lines`). Every epoch feeds every row
+        once, in an order drawn from (seed, epoch).
 Then 15% of the non-special tokens are selected (at most max_predictions); of those 80% become
 [MASK], 10% a random token, 10% stay unchanged, and the model predicts the originals.
 
@@ -18,11 +29,15 @@ import dataclasses
 import gzip
 
 import numpy as np
+from absl import logging
 
 from transformer_jax.data.batching import StepIndexedBatches
 from transformer_jax.errors import DataError
 
 Batch = dict[str, np.ndarray]
+# The input formats of the module docstring; nsp and sop train the 2-way sentence head.
+SENTENCE_TASKS = ('nsp', 'sop', 'none', 'full_sentences')
+PAIR_TASKS = ('nsp', 'sop')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +45,10 @@ class PretrainOptions:
   max_len: int = 128
   max_predictions: int = 20
   mask_rate: float = 0.15
-  sentence_task: str = 'nsp'  # 'nsp', 'sop' or 'none'
-  short_seq_prob: float = 0.1  # a shorter target length sometimes, so short inputs are seen
+  sentence_task: str = 'nsp'  # one of SENTENCE_TASKS
+  # A shorter target length sometimes, so short inputs are seen (not with full_sentences, whose
+  # rows are packed once, as RoBERTa's).
+  short_seq_prob: float = 0.1
   mask_token_rate: float = 0.8  # of the selected tokens: [MASK]
   random_token_rate: float = 0.1  # ... a random token; the rest stay unchanged
 
@@ -134,6 +151,9 @@ def make_pair(documents: list[list[np.ndarray]], doc_index: int, line: int,
   """(segment A ids, segment B ids or None, sentence label) for an example starting at
   documents[doc_index][line]; label 0 = genuine order, 1 = random (NSP) / swapped (SOP)."""
   doc = documents[doc_index]
+  if options.sentence_task == 'full_sentences':  # rows packed once, not sampled per example
+    raise DataError("sentence_task='full_sentences' rows are packed by PretrainBatches "
+                    '(pack_full_sentences), not drawn by make_pair')
   if options.sentence_task == 'none':
     budget = options.max_len - 2
     if rng.random() < options.short_seq_prob:
@@ -154,6 +174,33 @@ def make_pair(documents: list[list[np.ndarray]], doc_index: int, line: int,
   elif rng.random() < 0.5:  # sop: the same consecutive text, in swapped order
     a, b, label = b, a, 1
   return a, b, label
+
+
+def pack_full_sentences(documents: list[list[np.ndarray]], budget: int,
+                        separator: int) -> tuple[list[np.ndarray], int]:
+  """(rows, truncated lines): RoBERTa's FULL-SENTENCES packing of `documents` in order.
+
+  Whole lines are appended to the current row while they fit `budget` tokens; a line that does
+  not fit starts the next row. When a line is the first of a new document and the row already
+  holds text, `separator` goes between them (and counts against the budget). A line longer than
+  `budget` gets a row of its own, cut to `budget` tokens.
+  """
+  sep = np.asarray([separator], np.int32)
+  rows, row, length, truncated = [], [], 0, 0  # row: the pieces of the current row
+  for doc in documents:
+    for i, line in enumerate(doc):
+      if len(line) > budget:
+        line = line[:budget]
+        truncated += 1
+      boundary = int(i == 0 and length > 0)
+      if length and length + boundary + len(line) > budget:
+        rows.append(np.concatenate(row).astype(np.int32))
+        row, length, boundary = [], 0, 0
+      row += [sep, line] if boundary else [line]
+      length += boundary + len(line)
+  if row:
+    rows.append(np.concatenate(row).astype(np.int32))
+  return rows, truncated
 
 
 def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: int,
@@ -191,6 +238,9 @@ class PretrainBatches(StepIndexedBatches):
     self._init_rows(batch_size, process_index, process_count)
     if options.max_len < 8:
       raise DataError(f'data.max_len={options.max_len} is too short for sentence pairs')
+    if options.sentence_task not in SENTENCE_TASKS:
+      raise DataError(f'sentence_task must be one of {SENTENCE_TASKS}, got '
+                      f'{options.sentence_task!r}')
     self.documents, self.tokenizer, self.options = documents, tokenizer, options
     self.batch_size, self.seed = batch_size, seed
     # Anchors: every (document, line), so each line is equally likely to start an example.
@@ -198,11 +248,38 @@ class PretrainBatches(StepIndexedBatches):
                                np.int64)
     self._special = np.asarray(tokenizer.special_ids, np.int32)
     self._random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32), self._special)
+    self.rows, self.truncated_lines = [], 0
+    if options.sentence_task == 'full_sentences':
+      self.rows, self.truncated_lines = pack_full_sentences(documents, options.max_len - 2,
+                                                            tokenizer.sep_id)
+      logging.info(
+          'full sentences: %d lines packed into %d rows of at most %d tokens (%d lines '
+          'cut to fit)', len(self._anchors), len(self.rows), options.max_len, self.truncated_lines)
+    self._order = (-1, None)  # (epoch, its row order): the last one used
 
-  def example(self, rng: np.random.Generator) -> tuple:
+  @property
+  def rows_per_epoch(self) -> int:
+    """full_sentences: the number of packed rows, each fed once per epoch."""
+    return len(self.rows)
+
+  def row_index(self, k: int) -> int:
+    """full_sentences: the packed row fed as global row `k` (= step * batch_size + r): epoch
+    k // rows_per_epoch visits every row once, in an order drawn from (seed, epoch)."""
+    epoch, position = divmod(k, len(self.rows))
+    if self._order[0] != epoch:
+      order = np.random.default_rng((self.seed, epoch, 1)).permutation(len(self.rows))
+      self._order = (epoch, order)
+    return int(self._order[1][position])
+
+  def example(self, rng: np.random.Generator, k: int = 0) -> tuple:
+    """(masked ids, segments, positions, originals, sentence label) of one row; `k` is the
+    global row index (used by full_sentences only)."""
     o, tok = self.options, self.tokenizer
-    d, line = self._anchors[rng.integers(len(self._anchors))]
-    a, b, label = make_pair(self.documents, int(d), int(line), o, rng)
+    if o.sentence_task == 'full_sentences':
+      a, b, label = self.rows[self.row_index(k)], None, 0
+    else:
+      d, line = self._anchors[rng.integers(len(self._anchors))]
+      a, b, label = make_pair(self.documents, int(d), int(line), o, rng)
     ids, segments = tok.build_pair(a, b, o.max_len)
     masked, positions, originals = mask_tokens(np.asarray(ids,
                                                           np.int32), self._special, tok.vocab_size,
@@ -220,7 +297,7 @@ class PretrainBatches(StepIndexedBatches):
             (b, p), np.float32), 'sentence_labels': np.zeros((b,), np.int32)
     }
     for row in range(b):
-      ids, segments, positions, originals, label = self.example(rng)
+      ids, segments, positions, originals, label = self.example(rng, step * b + row)
       out['inputs'][row, :len(ids)] = ids
       out['segments'][row, :len(ids)] = segments
       out['mlm_positions'][row, :len(positions)] = positions

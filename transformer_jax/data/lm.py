@@ -7,8 +7,9 @@ A language model reads one long token stream. Training batches are random window
 
 with batch s drawn from np.random.default_rng((seed, s)), so the data position is just the step
 number: a resumed run draws exactly the batches it would have drawn (as nanoGPT's `get_batch`,
-but reproducible). Subword corpora (lm1b) are tokenized with SentencePiece and their documents
-joined with EOS, which also tells the model where a document ends.
+but reproducible). Subword corpora (lm1b) are tokenized with SentencePiece, or with a byte-level
+BPE (GPT-2's kind, `hf_tokenizer.HFTokenizer`), and their documents joined with EOS ('<|endoftext|>'
+for the BPE), which also tells the model where a document ends.
 """
 
 import json
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from transformer_jax.data.batching import StepIndexedBatches
+from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.special_tokens import EOS_ID
 from transformer_jax.errors import DataError
@@ -134,20 +136,27 @@ class CharTokenizer:
     return tokenizer
 
 
-# -- what generation needs from either tokenizer --------------------------------------------------
+# -- what generation needs from any tokenizer ---------------------------------------------------
 
 
 def lm_eos_id(tokenizer) -> int | None:
-  """The id that ends a document: EOS for SentencePiece corpora, none for raw characters."""
-  return None if isinstance(tokenizer, CharTokenizer) else EOS_ID
+  """The id that ends a document: EOS for SentencePiece corpora, the tokenizer's own EOS for a
+  Hugging Face one (GPT-2's '<|endoftext|>'), none for raw characters."""
+  if isinstance(tokenizer, CharTokenizer):
+    return None
+  if isinstance(tokenizer, HFTokenizer):
+    return tokenizer.eos_id
+  return EOS_ID
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
   """Token ids a generation starts from.
 
   Subword corpora put EOS between documents, so a prompt starts after an EOS: the model
-  then continues a fresh document. Character models have no such token; they need at
-  least one character (nanoGPT starts from a newline).
+  then continues a fresh document. A Hugging Face tokenizer starts the way its model was
+  trained: with BOS where it has one distinct from EOS (LLaMA's '<s>'), else with EOS (GPT-2's
+  '<|endoftext|>', which is both). Character models have no such token; they need at least one
+  character (nanoGPT starts from a newline).
   """
   if isinstance(tokenizer, CharTokenizer):
     ids = tokenizer.encode(text)
@@ -155,15 +164,25 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
       raise DataError('the prompt is empty: a character model needs at least one character, '
                       'e.g. --prompt="\\n"')
     return ids
+  if isinstance(tokenizer, HFTokenizer):
+    start = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    ids = ([] if start is None else [start]) + tokenizer.encode(text)
+    if not ids:
+      raise DataError('the prompt is empty and this tokenizer has no BOS or EOS to start from; '
+                      'pass some text, e.g. --prompt="The"')
+    return ids
   return [EOS_ID] + tokenizer.encode(text)
 
 
-def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> np.ndarray:
-  """SentencePiece ids of every document, each followed by EOS, as one stream."""
+def encode_documents(tokenizer: Tokenizer | HFTokenizer, documents: Sequence[str]) -> np.ndarray:
+  """Subword ids of every document, each followed by the tokenizer's EOS, as one stream."""
+  eos = lm_eos_id(tokenizer)
+  if eos is None:
+    raise DataError(f'{tokenizer} has no EOS token to end documents with')
   pieces = []
   for start in range(0, len(documents), 10_000):  # bounded memory for the id lists
     for ids in tokenizer.encode_batch(documents[start:start + 10_000]):
-      pieces.append(np.asarray(ids + [EOS_ID], dtype=token_dtype(tokenizer.vocab_size)))
+      pieces.append(np.asarray(ids + [eos], dtype=token_dtype(tokenizer.vocab_size)))
   if not pieces:
     raise DataError('no documents to tokenize')
   return np.concatenate(pieces)

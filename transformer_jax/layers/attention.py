@@ -9,6 +9,7 @@ they are re-exported here, so `attention.chunked_attention` etc. keep working.
 """
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -42,6 +43,15 @@ def attention_partition():
   return None if batch is None and heads is None else (batch, heads)
 
 
+def _scaled_init(init, factor: float):
+  """`init` with its draws multiplied by `factor`."""
+
+  def scaled(key, shape, dtype=jnp.float32):
+    return init(key, shape, dtype) * jnp.asarray(factor, dtype)
+
+  return scaled
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head (grouped-query) attention: self-attention when `context` is None, else cross.
 
@@ -57,6 +67,12 @@ class MultiHeadAttention(nn.Module):
 
   `causal` (self-attention only): queries also never see later keys, whatever `mask` says, and
   the implementation may skip those blocks. Ignored when decoding (the cache mask does it).
+
+  With cfg.scale_attention_scores=False (T5) the logits are q.k, not q.k / sqrt(head_dim): q is
+  multiplied by sqrt(head_dim) before the attention functions, which all divide by it, so every
+  implementation (and the KV-cache step and the 'intermediates' path) computes the same thing.
+  The query kernel then starts head_dim**-0.5 smaller (as T5 initialises it), so a fresh model
+  attends as softly as a scaled one.
   """
   cfg: TransformerConfig
   kernel_init: Any = nn.initializers.xavier_uniform()
@@ -70,7 +86,11 @@ class MultiHeadAttention(nn.Module):
     context = x if is_self else context
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
                               param_dtype=cfg.param_dtype, kernel_init=self.kernel_init)
-    q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), name='query')(x)
+    query_init = self.kernel_init
+    if not cfg.scale_attention_scores:
+      query_init = _scaled_init(self.kernel_init, cfg.head_dim**-0.5)
+    q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), kernel_init=query_init,
+              name='query')(x)
     k = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'kv'), name='key')(context)
     v = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'kv'), name='value')(context)
     q = nn.with_logical_constraint(q, ('batch', 'length', 'heads', 'kv'))
@@ -82,6 +102,11 @@ class MultiHeadAttention(nn.Module):
     if is_self and cfg.position == 'rotary':
       q = apply_rotary(q, positions, cfg.rotary_base)
       k = apply_rotary(k, positions, cfg.rotary_base)
+
+    if not cfg.scale_attention_scores:
+      # Undoes the 1/sqrt(head_dim) every attention function applies. (Exact in floating point
+      # when head_dim is a power of 4, as T5's 64.)
+      q = q * math.sqrt(cfg.head_dim)
 
     causal = self.causal and is_self and not cfg.decode
     cache = None

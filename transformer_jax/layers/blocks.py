@@ -15,7 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.errors import ConfigError
 from transformer_jax.layers.attention import MultiHeadAttention
+from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
 from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.model_config import TransformerConfig
@@ -69,7 +71,11 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerStack(nn.Module):
-  """`num_layers` blocks; a shared T5 relative bias if configured; a final norm for Pre-LN."""
+  """`num_layers` blocks; a shared T5 relative bias if configured; a final norm for Pre-LN.
+
+  Params: 'layer_0' ... 'layer_{N-1}'; with scan_layers one stacked 'layers'; with share_layers
+  (ALBERT) one 'shared_layer' applied N times, whatever remat_policy and scan_layers say.
+  """
   cfg: TransformerConfig
   num_layers: int
   causal: bool
@@ -87,7 +93,10 @@ class TransformerStack(nn.Module):
                                      bidirectional=not self.causal, dtype=cfg.dtype,
                                      param_dtype=cfg.param_dtype, name='relative_bias')
     remat = cfg.remat_policy != 'none' and not cfg.decode  # no backward pass when decoding
-    if not (remat or cfg.scan_layers):
+    if cfg.share_layers:
+      x = self._shared_layer(x, encoded, self_mask, cross_mask, bias_fn, positions, deterministic,
+                             remat)
+    elif not (remat or cfg.scan_layers):
       for i in range(self.num_layers):
         x = TransformerBlock(cfg, self.cross_attention, causal=self.causal,
                              name=f'layer_{i}')(x, encoded, self_mask=self_mask,
@@ -100,6 +109,39 @@ class TransformerStack(nn.Module):
       x = make_norm(cfg, 'final_norm')(x)
     return x
 
+  def _block_class(self, remat: bool):
+    """TransformerBlock, wrapped in nn.remat (with the configured policy) if `remat`."""
+    cfg = self.cfg
+    if not remat:
+      return TransformerBlock
+    # deterministic (argument 7, counting the module) must stay a Python bool.
+    return nn.remat(TransformerBlock, policy=getattr(jax.checkpoint_policies, cfg.remat_policy),
+                    prevent_cse=not cfg.scan_layers, static_argnums=(7,))
+
+  def _shared_layer(self, x, encoded, self_mask, cross_mask, bias_fn, positions, deterministic,
+                    remat: bool):
+    """ALBERT's cross-layer sharing: one block's parameters ('shared_layer') applied
+    `num_layers` times, as a Python loop (one module called repeatedly) or, with scan_layers, an
+    nn.scan whose params are broadcast to every step instead of stacked (the tree is the same
+    either way, so checkpoints move freely between the two)."""
+    cfg = self.cfg
+    block = self._block_class(remat)
+    args = (encoded, self_mask, cross_mask, bias_fn.table if bias_fn is not None else None,
+            positions, deterministic)
+    if not cfg.scan_layers:
+      layer = block(cfg, self.cross_attention, causal=self.causal, name='shared_layer')
+      for _ in range(self.num_layers):
+        x = layer(x, *args)
+      return x
+    if self.num_layers == 0:
+      return x
+    scanned = nn.scan(block, variable_broadcast='params', variable_axes={'intermediates': 0},
+                      split_rngs={'params': False, 'dropout': True},
+                      in_axes=(nn.broadcast,) * len(args), length=self.num_layers)
+    x, _ = scanned(cfg, self.cross_attention, scan_carry=True, causal=self.causal,
+                   name='shared_layer')(x, *args)
+    return x
+
   def _transformed_layers(self, x, encoded, self_mask, cross_mask, bias_fn, positions,
                           deterministic, remat: bool):
     """The layers under nn.remat (per layer) and/or nn.scan (one traced layer, stacked params).
@@ -108,11 +150,7 @@ class TransformerStack(nn.Module):
     """
     cfg = self.cfg
     bias_table = bias_fn.table if bias_fn is not None else None
-    block = TransformerBlock
-    if remat:
-      # deterministic (argument 7, counting the module) must stay a Python bool.
-      block = nn.remat(block, policy=getattr(jax.checkpoint_policies, cfg.remat_policy),
-                       prevent_cse=not cfg.scan_layers, static_argnums=(7,))
+    block = self._block_class(remat)
     args = (encoded, self_mask, cross_mask, bias_table, positions, deterministic)
     if not cfg.scan_layers:
       for i in range(self.num_layers):
@@ -129,16 +167,29 @@ class TransformerStack(nn.Module):
 
 
 class InputEmbedding(nn.Module):
-  """tokens -> embedding (x sqrt(D) if configured) + absolute positions -> (norm) -> dropout."""
+  """tokens -> embedding (x sqrt(E) if configured) + absolute positions -> (norm) -> dropout
+  (-> projection E -> D).
+
+  E is the embedding table's width: emb_dim (D), or with ALBERT's factorised embedding
+  (`factorised`, set by a model that builds its table cfg.embedding_size wide) E = embedding_size:
+  every addend (positions, `extra`) is E wide too and the normalised sum is projected to D
+  ('projection', HF ALBERT's embedding_hidden_mapping_in; there even when E = D).
+  """
   cfg: TransformerConfig
   embed: Embed
+  factorised: bool = False
 
   @nn.compact
   def __call__(self, tokens, positions, *, extra=None, deterministic: bool = True):
     cfg = self.cfg
+    width = self.embed.features
+    if cfg.embedding_size is not None and not self.factorised:
+      # Refused rather than ignored: the model's output layers would not fit an E-wide table.
+      raise ConfigError(f'model config: embedding_size={cfg.embedding_size} (a factorised '
+                        'embedding) is implemented by Bert only; set it to None for this model')
     x = self.embed(tokens)
     if cfg.scale_embeddings:
-      x = x * jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
+      x = x * jnp.sqrt(jnp.asarray(width, x.dtype))
     if cfg.position in ('sinusoidal', 'learned'):
       x = AbsolutePositionEmbedding(cfg.position, cfg.max_len, cfg.dtype, cfg.param_dtype,
                                     name='position_embedding')(x, positions)
@@ -147,6 +198,10 @@ class InputEmbedding(nn.Module):
     if cfg.embedding_norm:
       x = make_norm(cfg, 'embedding_norm')(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    if self.factorised:
+      x = DenseGeneral(
+          (cfg.emb_dim,), (None, 'embed'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          kernel_init=nn.initializers.normal(cfg.embed_init_std or 0.02), name='projection')(x)
     return nn.with_logical_constraint(x, ACTIVATION_AXES)
 
 

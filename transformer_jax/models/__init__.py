@@ -1,8 +1,15 @@
-"""The three models, composed from the shared blocks."""
-from transformer_jax.models.bert import Bert, bert_config
-from transformer_jax.models.encoder_decoder import EncoderDecoder, shift_right
-from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
+"""The three models, composed from the shared blocks, and the presets of their families."""
+from transformer_jax.models.bert import (ALBERT_ARCHITECTURE, BERT_ARCHITECTURE,
+                                         ROBERTA_ARCHITECTURE, Bert, albert_config, bert_config,
+                                         roberta_config)
+from transformer_jax.models.encoder_decoder import (T5_V1_0_ARCHITECTURE, T5_V1_1_ARCHITECTURE,
+                                                    EncoderDecoder, shift_right, t5_config)
+from transformer_jax.models.gpt import (GPT, GPT2_ARCHITECTURE, LLAMA_ARCHITECTURE, gpt2_config,
+                                        llama_config)
 
 __all__ = [
-    'Bert', 'EncoderDecoder', 'GPT', 'bert_config', 'gpt2_config', 'llama_config', 'shift_right'
+    'ALBERT_ARCHITECTURE', 'BERT_ARCHITECTURE', 'Bert', 'EncoderDecoder', 'GPT',
+    'GPT2_ARCHITECTURE', 'LLAMA_ARCHITECTURE', 'ROBERTA_ARCHITECTURE', 'T5_V1_0_ARCHITECTURE',
+    'T5_V1_1_ARCHITECTURE', 'albert_config', 'bert_config', 'gpt2_config', 'llama_config',
+    'roberta_config', 'shift_right', 't5_config'
 ]

@@ -1,16 +1,22 @@
-"""BERT: a bidirectional Transformer encoder with pretraining and classification heads.
+"""BERT and its successors: a bidirectional Transformer encoder with pretraining and
+classification heads.
 
-    tokens + segments + learned positions -> LayerNorm -> N Post-LN self-attention blocks
+    tokens + segments + learned positions (width E) -> LayerNorm (-> projection E -> D)
+        -> N Post-LN self-attention blocks (N separate layers, or one shared layer applied N times)
         -> hidden [B, T, D]
         -> pooler: tanh(dense(hidden[:, 0]))                       (the [CLS] vector)
-    heads: masked LM   dense -> GELU -> LayerNorm -> tied embedding^T + bias (at masked positions)
+    heads: masked LM   dense D -> E -> GELU -> LayerNorm -> tied embedding^T + bias (at masked
+                       positions)
            sentence    2-way on the pooled vector (next-sentence or sentence-order prediction)
            classifier  dropout -> dense on the pooled vector (fine-tuning)
 
 The encoder is the translation encoder's `TransformerStack` (bidirectional, padding-masked); the
-switches in `bert_config` make it BERT's (Devlin et al. 2019). Which heads exist is a module
-attribute, so BERT (MLM + NSP), RoBERTa-style (MLM only) and ALBERT-style (MLM + SOP; the same
-2-way head, trained on different pairs) share this one class.
+switches in `bert_config` make it BERT's (Devlin et al. 2019). E = D for BERT and RoBERTa.
+ALBERT (Lan et al. 2019, `albert_config`) is this class with its two parameter savings switched
+on: a factorised embedding (cfg.embedding_size = E < D) and cross-layer sharing
+(cfg.share_layers), trained with sentence-order prediction. Which heads exist is a module
+attribute, so BERT (MLM + NSP), RoBERTa (MLM only) and ALBERT (MLM + SOP; the same 2-way head,
+trained on different pairs) share this one class.
 """
 
 import flax.linen as nn
@@ -21,6 +27,7 @@ from transformer_jax.layers.blocks import ACTIVATION_AXES, InputEmbedding, Trans
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
 from transformer_jax.layers.feedforward import _ACTIVATIONS
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.special_tokens import PAD_ID
 from transformer_jax.layers.normalization import make_norm
@@ -39,6 +46,39 @@ def bert_config(**overrides) -> TransformerConfig:
   values = dict(vocab_size=30522, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
                 num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
                 **BERT_ARCHITECTURE)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+# RoBERTa (Liu et al. 2019) keeps BERT's architecture; its differences are in the data (byte-level
+# BPE, dynamic masking, full-sentence inputs, no NSP) and in the LayerNorm epsilon (1e-5).
+ROBERTA_ARCHITECTURE = dict(BERT_ARCHITECTURE, norm_epsilon=1e-5)
+
+# ALBERT's switches beside BERT's: tanh-approximated GELU (HF 'gelu_new'), one layer's parameters
+# shared by every layer. The embedding width (embedding_size) is a size, set by albert_config.
+ALBERT_ARCHITECTURE = dict(BERT_ARCHITECTURE, activation='gelu', share_layers=True)
+
+
+def albert_config(**overrides) -> TransformerConfig:
+  """ALBERT-base (albert-base-v2, 11.7M parameters with the pooler) by default: E = 128, D = 768,
+  12 heads, 12 applications of one shared layer, no dropout (v2); override sizes for smaller
+  models."""
+  values = dict(vocab_size=30000, embedding_size=128, emb_dim=768, num_heads=12, mlp_dim=3072,
+                num_encoder_layers=12, num_decoder_layers=0, max_len=512, dropout_rate=0.0,
+                attention_dropout_rate=0.0, **ALBERT_ARCHITECTURE)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+def roberta_config(**overrides) -> TransformerConfig:
+  """RoBERTa-base by default (125M); override sizes for smaller models.
+
+  max_len counts usable positions (512); HF's table has 514 rows because its positions start
+  at padding_idx + 1 (convert/hf_roberta.py handles that offset).
+  """
+  values = dict(vocab_size=50265, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
+                num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
+                **ROBERTA_ARCHITECTURE)
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -68,19 +108,26 @@ class Bert(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.token_embed = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
+    if cfg.rescale_tied_output:  # a switch of T5's; refuse it rather than ignore it
+      raise ConfigError('model config: rescale_tied_output is T5\'s (the encoder-decoder); '
+                        'set it to False for this model')
+    # The embedding width E: ALBERT's factorised embedding_size, else the model width.
+    width = cfg.emb_dim if cfg.embedding_size is None else cfg.embedding_size
+    self.token_embed = Embed(cfg.vocab_size, width, cfg.dtype, cfg.param_dtype,
                              stddev=cfg.embed_init_std)
     # A handful of rows: replicated (None), never split over the 'vocab' mesh axis.
     self.segment_embedding = self.param(
         'segment_embedding',
         nn.with_logical_partitioning(nn.initializers.normal(cfg.embed_init_std or 0.02),
-                                     (None, 'embed')), (self.type_vocab_size, cfg.emb_dim),
+                                     (None, 'embed')), (self.type_vocab_size, width),
         cfg.param_dtype)
-    self.input_embedding = InputEmbedding(cfg, self.token_embed)
+    factorised = cfg.embedding_size is not None
+    self.input_embedding = InputEmbedding(cfg, self.token_embed, factorised=factorised)
     self.encoder = TransformerStack(cfg, cfg.num_encoder_layers, causal=False)
     self.pooler = _dense(cfg, cfg.emb_dim, ('embed', 'mlp'), 'pooler')
     if self.mlm:
-      self.mlm_transform = _dense(cfg, cfg.emb_dim, ('embed', 'mlp'), 'mlm_transform')
+      # D -> E: back to the (tied) embedding's width (ALBERT's head; E = D otherwise).
+      self.mlm_transform = _dense(cfg, width, ('embed', 'mlp'), 'mlm_transform')
       self.mlm_norm = make_norm(cfg, 'mlm_norm')
       self.mlm_bias = self.param(
           'mlm_bias', nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',)),
@@ -112,7 +159,7 @@ class Bert(nn.Module):
     return hidden, nn.with_logical_constraint(pooled, ('batch', 'embed'))
 
   def mlm_features(self, hidden, positions):
-    """The MLM head's features [B, P, D] at `positions` [B, P] only (the vocabulary projection
+    """The MLM head's features [B, P, E] at `positions` [B, P] only (the vocabulary projection
     is the most expensive layer, and only the ~15% masked positions are scored)."""
     gathered = jnp.take_along_axis(hidden, positions[..., None], axis=1)
     h = _ACTIVATIONS[self.cfg.activation](self.mlm_transform(gathered))
@@ -137,7 +184,7 @@ class Bert(nn.Module):
   def features(self, tokens, segments=None, *, valid=None, mlm_positions=None,
                deterministic: bool = True) -> dict[str, jax.Array]:
     """As `__call__`, with the MLM head stopped before its vocabulary projection:
-    'mlm_features' [B, P, D], 'mlm_embedding' [V, D] and 'mlm_bias' [V] instead of
+    'mlm_features' [B, P, E], 'mlm_embedding' [V, E] and 'mlm_bias' [V] instead of
     'mlm_logits' (for `losses.projected_cross_entropy_sums`)."""
     return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=False)
 

@@ -4,8 +4,9 @@
     target tokens (shifted right) -> embed + positions -> decoder stack (causal self-attention,
         cross-attention to `encoded`) -> logits over the target vocabulary
 
-By config the same module is the original Transformer (Post-LN, sinusoidal, ReLU) or a T5-style
-model (Pre-RMSNorm, relative bias, gated GELU, no biases).
+By config the same module is the original Transformer (Post-LN, sinusoidal, ReLU) or T5
+(Raffel et al. 2020: `T5_V1_0_ARCHITECTURE`, `T5_V1_1_ARCHITECTURE`, `t5_config`), whose
+checkpoints `convert/hf_t5.py` reads and writes.
 """
 
 import flax.linen as nn
@@ -18,6 +19,47 @@ from transformer_jax.layers.embedding import Embed
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.special_tokens import PAD_ID
+
+# T5 (v1.0, Raffel et al. 2020), whatever its size: Pre-RMSNorm (eps 1e-6), a relative position
+# bias (32 buckets, max distance 128; one table per stack, shared by its layers), ReLU MLP, no
+# biases, no absolute positions, unscaled N(0, 1) embeddings shared by encoder and decoder and
+# tied to the output (features * emb_dim**-0.5 first), attention logits not divided by
+# sqrt(head_dim). The HF importer (convert/hf_t5.py) takes these switches from here.
+T5_V1_0_ARCHITECTURE = dict(norm_type='rmsnorm', norm_position='pre', norm_epsilon=1e-6,
+                            position='relative', relative_buckets=32, relative_max_distance=128,
+                            activation='relu', use_bias=False, scale_embeddings=False,
+                            embed_init_std=1.0, share_embeddings=True, tie_output=True,
+                            rescale_tied_output=True, scale_attention_scores=False)
+# T5 v1.1 (and mT5, Flan-T5): gated GELU (tanh form), an untied output projection with no
+# rescale; otherwise as v1.0.
+T5_V1_1_ARCHITECTURE = dict(T5_V1_0_ARCHITECTURE, activation='geglu', tie_output=False,
+                            rescale_tied_output=False)
+# The published "small" sizes: t5-small (60.5M parameters) and google/t5-v1_1-small (77.0M).
+# T5 keeps head_dim 64 whatever the width (v1.1 small: 6 heads of 64 on a width of 512).
+_T5_SMALL = {
+    '1.0':
+        dict(emb_dim=512, num_heads=8, head_dim=64, mlp_dim=2048, num_encoder_layers=6,
+             num_decoder_layers=6),
+    '1.1':
+        dict(emb_dim=512, num_heads=6, head_dim=64, mlp_dim=1024, num_encoder_layers=8,
+             num_decoder_layers=8),
+}
+T5_ARCHITECTURES = {'1.0': T5_V1_0_ARCHITECTURE, '1.1': T5_V1_1_ARCHITECTURE}
+
+
+def t5_config(version: str = '1.1', **overrides) -> TransformerConfig:
+  """T5 of `version` ('1.0' or '1.1'), by default its published small size (SentencePiece
+  vocabulary of 32128, max_len 512, dropout 0.1); `overrides` change anything.
+
+  T5's relative positions have no length limit: max_len only bounds what the data pipeline and
+  decoding produce.
+  """
+  if version not in T5_ARCHITECTURES:
+    raise ConfigError(f'T5 version must be one of {sorted(T5_ARCHITECTURES)}, got {version!r}')
+  values = dict(vocab_size=32128, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
+                **_T5_SMALL[version], **T5_ARCHITECTURES[version])
+  values.update(overrides)
+  return TransformerConfig(**values)
 
 
 def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID) -> jnp.ndarray:
@@ -58,7 +100,8 @@ class EncoderDecoder(nn.Module):
 
   def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
     """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source."""
-    y = self.decoder_features(encoded, inputs, decoder_tokens, deterministic=deterministic)
+    y = self.output_features(
+        self.decoder_features(encoded, inputs, decoder_tokens, deterministic=deterministic))
     logits = self.target_embed.attend(y) if self.cfg.tie_output else self.logits_dense(y)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits.astype(jnp.float32)
@@ -79,6 +122,14 @@ class EncoderDecoder(nn.Module):
     return self.decoder(y, encoded, cross_mask=cross_mask, positions=positions,
                         deterministic=deterministic)
 
+  def output_features(self, features: jnp.ndarray) -> jnp.ndarray:
+    """What the output projection is applied to: the decoder's features, times emb_dim**-0.5
+    with `rescale_tied_output` (T5 v1.0: its tied N(0, 1) embeddings would otherwise give
+    logits sqrt(emb_dim) times too large)."""
+    if self.cfg.rescale_tied_output:
+      features = features * self.cfg.emb_dim**-0.5
+    return features
+
   def output_embedding(self) -> jnp.ndarray:
     """The [V, D] matrix the logits score features against (tied table or output kernel)."""
     if self.cfg.tie_output:
@@ -93,8 +144,9 @@ class EncoderDecoder(nn.Module):
   def features_and_embedding(self, inputs, targets, *, deterministic: bool = True):
     """Teacher-forced (decoder features [B, T, D], `output_embedding()`): the training loss
     projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`, a slice
-    at a time when the table is cache-sized)."""
+    at a time when the table is cache-sized). The features are `output_features`: those the
+    logits of `decode` are projected from."""
     encoded = self.encode(inputs, deterministic=deterministic)
     features = self.decoder_features(encoded, inputs, shift_right(targets),
                                      deterministic=deterministic)
-    return features, self.output_embedding()
+    return self.output_features(features), self.output_embedding()

@@ -6,7 +6,8 @@
 No encoder and no cross-attention: the same `TransformerStack` as the translation decoder with
 `cross_attention=False`. By config it is GPT-2 (learned positions, Pre-LayerNorm, GELU, tied
 embeddings, biases) or LLaMA-style (rotary positions, RMSNorm, SwiGLU, grouped-query attention,
-no biases): see `gpt2_config` and `llama_config`.
+no biases): see `gpt2_config` and `llama_config`, and their switches GPT2_ARCHITECTURE and
+LLAMA_ARCHITECTURE. convert/hf_gpt2.py and convert/hf_llama.py map both to Hugging Face's models.
 """
 
 import flax.linen as nn
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 
 # GPT-2's architecture, whatever its size: learned positions, Pre-LN, tanh-GELU, biases, tied
@@ -23,6 +25,16 @@ from transformer_jax.model_config import TransformerConfig
 GPT2_ARCHITECTURE = dict(norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
                          position='learned', activation='gelu', use_bias=True, tie_output=True,
                          scale_embeddings=False, embed_init_std=0.02)
+
+# LLaMA's architecture (Touvron et al. 2023), whatever its size: rotary positions (rotate-half,
+# base 10000), Pre-RMSNorm, SwiGLU, no biases, an untied output projection, unscaled embeddings,
+# N(0, 0.02) init. Sizes, grouped-query heads and dropout are each config's own. Experiment
+# configs (experiments/configs/llama_shakespeare.py) and the HF importer
+# (convert/hf_llama.py) take these switches from here.
+LLAMA_ARCHITECTURE = dict(norm_type='rmsnorm', norm_position='pre', norm_epsilon=1e-5,
+                          position='rotary', rotary_base=10000.0, activation='swiglu',
+                          use_bias=False, tie_output=False, scale_embeddings=False,
+                          embed_init_std=0.02)
 
 
 def gpt2_config(**overrides) -> TransformerConfig:
@@ -35,12 +47,13 @@ def gpt2_config(**overrides) -> TransformerConfig:
 
 
 def llama_config(**overrides) -> TransformerConfig:
-  """LLaMA-style: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases."""
+  """LLaMA-style: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases.
+
+  A small model by default (8 layers, width 512); override sizes for others.
+  """
   values = dict(vocab_size=32000, emb_dim=512, num_heads=8, num_kv_heads=2, mlp_dim=1408,
                 num_encoder_layers=0, num_decoder_layers=8, max_len=1024, dropout_rate=0.0,
-                attention_dropout_rate=0.0, norm_type='rmsnorm', norm_position='pre',
-                norm_epsilon=1e-5, position='rotary', activation='swiglu', use_bias=False,
-                tie_output=False, scale_embeddings=False, embed_init_std=0.02)
+                attention_dropout_rate=0.0, **LLAMA_ARCHITECTURE)
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -55,6 +68,9 @@ class GPT(nn.Module):
 
   def setup(self):
     cfg = self.cfg
+    if cfg.rescale_tied_output:  # a switch of T5's; refuse it rather than ignore it
+      raise ConfigError('model config: rescale_tied_output is T5\'s (the encoder-decoder); '
+                        'set it to False for this model')
     self.embed = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype, cfg.param_dtype,
                        stddev=cfg.embed_init_std, name='token_embed')
     self.positions = StepPositions(cfg)

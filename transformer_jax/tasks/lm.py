@@ -158,7 +158,16 @@ class LanguageModelTask:
                                            np.int32), max_new_tokens or self.sample_tokens,
                         jax.random.key(self.sample_seed), temperature=self.temperature,
                         top_k=self.top_k, top_p=self.top_p)
-    return self.tokenizer.decode(list(self.sample_prompt)) + self.tokenizer.decode(new[0])
+    prompt = [int(i) for i in self.sample_prompt]
+    # The token a document starts with (EOS or BOS, see data/lm.prompt_ids) is not text; a
+    # continuation ends at EOS (generation pads the rest of the row).
+    starts = {self.eos_id, getattr(self.tokenizer, 'bos_id', None)} - {None}
+    if prompt and prompt[0] in starts:
+      prompt = prompt[1:]
+    row = [int(i) for i in new[0]]
+    if self.eos_id is not None and self.eos_id in row:
+      row = row[:row.index(self.eos_id)]
+    return self.tokenizer.decode(prompt) + self.tokenizer.decode(row)
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Writes a generated sample to the log and TensorBoard; adds no metric."""

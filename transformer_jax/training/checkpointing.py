@@ -22,6 +22,12 @@ _STORAGE_ERRORS = ('No space left on device', 'RESOURCE_EXHAUSTED', 'Disk quota 
                    'Read-only file system', 'Permission denied', 'PERMISSION_DENIED')
 
 
+def _item_handlers() -> dict:
+  """The items of every step: the train state and the data pipeline's position (json). Named
+  up front so that a fresh manager can read a step's metadata (shapes)."""
+  return {'state': ocp.StandardCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
+
+
 class Checkpointer:
   """Saves {'state': pytree, 'data': json dict} every `save_every` steps, keeping `max_to_keep`."""
 
@@ -29,11 +35,8 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-    # Handlers named up front so that a fresh manager can read a step's metadata (shapes).
-    self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_handlers={
-            'state': ocp.StandardCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()
-        })
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_handlers=_item_handlers())
 
   def all_steps(self) -> list[int]:
     """Steps of the checkpoints kept, oldest first."""
@@ -118,6 +121,42 @@ class Checkpointer:
   def close(self):
     self.wait()
     self.manager.close()
+
+
+def restore_params_only(directory: str) -> dict:
+  """The params of the latest readable checkpoint a `Checkpointer` wrote in `directory`, as
+  numpy arrays on the host (for export: no model, mesh or optimizer needs building).
+
+  Only the params are read, not the optimizer state or the data position, each array whole
+  whatever mesh it was saved from. An unreadable checkpoint is logged and the one before it
+  tried, as `Checkpointer.restore` does; nothing is written (no directory is created).
+  ConfigError if no checkpoint can be read.
+  """
+  import numpy as np
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    raise ConfigError(f'no checkpoint in {directory}: train first')
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False),
+                                  item_handlers=_item_handlers())
+  try:
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        item = {'params': manager.item_metadata(step)['state']['params']}
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+        # The params subtree of the step's 'state' item alone (partial_restore), read with the
+        # PyTree handler: StandardRestore would need the whole TrainState's structure.
+        with ocp.PyTreeCheckpointer() as reader:
+          restored = reader.restore(
+              os.path.join(directory, str(step), 'state'),
+              args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True))
+      except Exception as error:  # unreadable (truncated, corrupted): try the one before
+        _log_unreadable(step, directory, error)
+        continue
+      logging.info('read the params of the checkpoint at step %d in %s', step, directory)
+      return restored['params']
+  finally:
+    manager.close()
+  raise ConfigError(f'no readable checkpoint in {directory}: train first')
 
 
 def _log_unreadable(step: int, directory: str, error: Exception):

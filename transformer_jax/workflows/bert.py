@@ -3,11 +3,16 @@
 `experiments/bert.py` and `benchmarks/{bert_pretrain,sst2_minilm}.py` are thin callers.
 
 Pretraining (config.mode='pretrain'): documents from local text files (blank lines separate
-documents, each line a sentence) or a TFDS corpus; a WordPiece vocabulary from
-tokenizer.vocab_file or trained on the training text (WORKDIR/vocab.txt); `Bert` with the MLM
-head and, per data.sentence_task, an NSP ('nsp'), SOP ('sop') or no ('none', RoBERTa) head.
+documents, each line a sentence) or a TFDS corpus; per tokenizer.type a WordPiece vocabulary
+('wordpiece': tokenizer.vocab_file, or trained on the training text as WORKDIR/vocab.txt) or
+RoBERTa's byte-level BPE ('byte_bpe': trained on the training text, saved as HF tokenizer files
+in WORKDIR/tokenizer/); `Bert` with the MLM head and, per data.sentence_task, an NSP ('nsp'),
+SOP ('sop') or no sentence head ('none': one-document rows; 'full_sentences': RoBERTa's rows
+packed across documents; data/bert_pretrain.py describes each). data.type_vocab_size is the
+number of segment ids (2; RoBERTa's 1).
 Fine-tuning (config.mode='finetune'): SST-2-style sentence classification starting from an HF
-BERT checkpoint (init.hf_dir) or a pretraining workdir of ours (init.bert_workdir).
+checkpoint (init.hf_dir: config.json's model_type 'bert' or 'roberta') or a pretraining workdir
+of ours (init.bert_workdir).
 """
 
 import os
@@ -23,7 +28,11 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import model_config_from_dict
 
 VOCAB_FILE = 'vocab.txt'
+TOKENIZER_DIR = 'tokenizer'  # tokenizer.type='byte_bpe': HF tokenizer files
+TOKENIZER_TYPES = ('wordpiece', 'byte_bpe')
 MODES = ('pretrain', 'finetune')
+# HF model_types fine-tuning can start from (init.hf_dir), each read by its converter.
+HF_FAMILIES = ('bert', 'roberta')
 
 
 def _process():
@@ -78,20 +87,45 @@ def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
   raise ConfigError(f"data.source must be 'files' or 'tfds', got {data.source!r}")
 
 
+def tokenizer_type(config) -> str:
+  """config.tokenizer.type ('wordpiece' when absent, as in configs written before it existed)."""
+  kind = config.tokenizer.get('type', 'wordpiece')
+  if kind not in TOKENIZER_TYPES:
+    raise ConfigError(f'tokenizer.type must be one of {TOKENIZER_TYPES}, got {kind!r}')
+  return kind
+
+
+def segment_types(config) -> int:
+  """data.type_vocab_size: the segment ids of the pretrained model (2 when absent)."""
+  return int(config.data.get('type_vocab_size', 2))
+
+
 def pretrain_tokenizer(config, workdir: str, train_documents=None):
-  """tokenizer.vocab_file if set, else WORKDIR/vocab.txt (trained on the first run)."""
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
+  """tokenizer.type 'wordpiece': tokenizer.vocab_file if set, else WORKDIR/vocab.txt;
+  'byte_bpe': WORKDIR/tokenizer/ (RoBERTa's byte-level BPE). Trained on the first run."""
   t = config.tokenizer
-  if t.vocab_file:
-    return WordPieceTokenizer.from_vocab(t.vocab_file, lowercase=bool(t.lowercase))
 
   def texts():
     if train_documents is None:
-      raise ConfigError(f'no {VOCAB_FILE} in {workdir}: pretrain first')
+      raise ConfigError(f'no tokenizer in {workdir}: pretrain first')
     return (line for doc in train_documents for line in doc)
 
+  if tokenizer_type(config) == 'byte_bpe':
+    from transformer_jax.convert.hf_roberta import RobertaTokenizer
+    return RobertaTokenizer.load_or_train(os.path.join(workdir, TOKENIZER_DIR), texts,
+                                          int(t.vocab_size))
+  from transformer_jax.data.wordpiece import WordPieceTokenizer
+  if t.vocab_file:
+    return WordPieceTokenizer.from_vocab(t.vocab_file, lowercase=bool(t.lowercase))
   return WordPieceTokenizer.load_or_train(os.path.join(workdir, VOCAB_FILE), texts,
                                           int(t.vocab_size), lowercase=bool(t.lowercase))
+
+
+def model_sentence_task(data_task: str) -> str:
+  """The `BertPretrainTask` sentence task of a data.sentence_task: the task knows only whether
+  a 2-way sentence head is trained ('nsp'/'sop') or none ('none'); both single-segment inputs
+  ('none', 'full_sentences') train none."""
+  return 'none' if data_task == 'full_sentences' else data_task
 
 
 def pretrain_model_config(config, vocab_size: int):
@@ -106,18 +140,32 @@ def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
   if tokenizer is None:
     tokenizer = pretrain_tokenizer(config, workdir)
   cfg = pretrain_model_config(config, tokenizer.vocab_size)
-  task = BertPretrainTask(cfg, sentence_task=config.data.sentence_task, eval_batches=eval_batches)
+  task = BertPretrainTask(cfg, sentence_task=model_sentence_task(config.data.sentence_task),
+                          type_vocab_size=segment_types(config), eval_batches=eval_batches)
   return task, Trainer(config, task, workdir), tokenizer
+
+
+def _check_sentence_task(config):
+  """data.sentence_task and data.type_vocab_size: known, and enough segment ids for pairs."""
+  from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
+  task_name = config.data.sentence_task
+  if task_name not in SENTENCE_TASKS:
+    raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
+  types = segment_types(config)
+  if types < 1:
+    raise ConfigError(f'data.type_vocab_size must be at least 1, got {types}')
+  # WordPiece pairs give segment B the id 1; RoBERTa's tokenizer gives every token segment 0.
+  if task_name in PAIR_TASKS and types < 2 and tokenizer_type(config) == 'wordpiece':
+    raise ConfigError(f"data.sentence_task={task_name!r} with WordPiece gives sentence B segment "
+                      f'id 1: data.type_vocab_size must be 2, got {types}')
 
 
 def validate_pretrain(config):
   """Every check of a pretraining run, before anything is read or written."""
-  from transformer_jax.tasks.bert import SENTENCE_TASKS
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'max_predictions',
                                            'mask_rate', 'sentence_task', 'eval_batches'))
-  task_name = config.data.sentence_task
-  if task_name not in SENTENCE_TASKS:
-    raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
+  tokenizer_type(config)
+  _check_sentence_task(config)
   cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))
   if int(config.data.max_len) > cfg.max_len:
     raise ConfigError(f'data.max_len={config.data.max_len} exceeds model.max_len={cfg.max_len} '
@@ -166,7 +214,8 @@ def pretrain(config, workdir: str) -> dict:
 
 
 def restore_pretrained(workdir: str):
-  """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint."""
+  """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint (its
+  data.type_vocab_size is `segment_types(load_saved_config(workdir))`)."""
   config = load_saved_config(workdir)
   _, trainer, tokenizer = build_pretrain(config, workdir)
   params = jax.device_get(trainer.restore_params())
@@ -192,17 +241,16 @@ def abstract_task(config, num_devices: int | None = None):
   rows, length = int(config.data.batch_size), int(config.data.max_len)
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
   if mode == 'pretrain':
-    from transformer_jax.tasks.bert import BertPretrainTask, SENTENCE_TASKS
+    from transformer_jax.tasks.bert import BertPretrainTask
     validation.require_keys(config, 'data',
                             ('max_len', 'batch_size', 'max_predictions', 'sentence_task'))
-    if config.data.sentence_task not in SENTENCE_TASKS:
-      raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got '
-                        f'{config.data.sentence_task!r}')
+    _check_sentence_task(config)
     cfg = pretrain_model_config(config, int(config.tokenizer.vocab_size))
     if length > cfg.max_len:
       raise ConfigError(f'data.max_len={length} exceeds model.max_len={cfg.max_len} (the '
                         'position table)')
-    task = BertPretrainTask(cfg, sentence_task=config.data.sentence_task)
+    task = BertPretrainTask(cfg, sentence_task=model_sentence_task(config.data.sentence_task),
+                            type_vocab_size=segment_types(config))
     predictions = int(config.data.max_predictions)
     weights = jax.ShapeDtypeStruct((rows, predictions), np.float32)
     return task, {
@@ -212,7 +260,7 @@ def abstract_task(config, num_devices: int | None = None):
     }
   from transformer_jax.tasks.bert import BertClassificationTask
   validation.require_keys(config, 'data', ('max_len', 'batch_size', 'num_labels'))
-  cfg, type_vocab_size = _init_model_config(config)
+  cfg, type_vocab_size = init_model_config(config)
   if length > cfg.max_len:
     raise ConfigError(f'data.max_len={length} exceeds the model position table ({cfg.max_len})')
   task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
@@ -222,27 +270,53 @@ def abstract_task(config, num_devices: int | None = None):
   }
 
 
-def _init_model_config(config):
+def hf_family(hf_dir: str) -> str:
+  """config.json's model_type of init.hf_dir if fine-tuning can start from it ('bert',
+  'roberta'), else one ConfigError line naming it. Reads config.json only."""
+  from transformer_jax.convert.hf_auto import read_model_type
+  from transformer_jax.errors import DataError
+  try:
+    model_type = read_model_type(hf_dir) or 'bert'  # BERT's oldest config.json files name none
+  except DataError as e:
+    raise ConfigError(f'init.hf_dir: {e}') from None
+  if model_type == 'albert':
+    raise ConfigError(f"init.hf_dir={hf_dir} is an ALBERT checkpoint (model_type='albert'): "
+                      'ALBERT fine-tuning starts from a pretraining workdir for now (set '
+                      '--config.init.hf_dir= --config.init.bert_workdir=DIR)')
+  if model_type not in HF_FAMILIES:
+    raise ConfigError(f'init.hf_dir={hf_dir} has model_type={model_type!r}; fine-tuning starts '
+                      f'from {", ".join(HF_FAMILIES)} checkpoints')
+  return model_type
+
+
+def init_model_config(config):
   """(model config, type_vocab_size) of the model fine-tuning starts from, weights unread."""
   import json
   init, overrides = config.init, dict(config.get('model', {}))
   if init.hf_dir:
     from transformer_jax.convert.hf_bert import bert_config_from_hf
-    path = os.path.join(init.hf_dir, 'config.json')
-    if not os.path.isfile(path):
-      raise ConfigError(f'{path} does not exist: init.hf_dir must be a Hugging Face BERT '
-                        'directory')
-    with open(path) as f:
-      cfg, type_vocab_size = bert_config_from_hf(json.load(f))
-    return cfg.replace(**overrides), type_vocab_size
+    from transformer_jax.convert.hf_roberta import roberta_config_from_hf
+    from_hf = roberta_config_from_hf if hf_family(init.hf_dir) == 'roberta' else bert_config_from_hf
+    with open(os.path.join(init.hf_dir, 'config.json'), encoding='utf-8') as f:
+      cfg, types = from_hf(json.load(f))
+    return cfg.replace(**overrides), types
   if init.bert_workdir:
-    vocab_path = os.path.join(init.bert_workdir, VOCAB_FILE)
-    if not os.path.isfile(vocab_path):
-      raise ConfigError(f'no {VOCAB_FILE} in {init.bert_workdir}: pretrain first')
-    with open(vocab_path, encoding='utf-8') as f:
-      vocab_size = sum(1 for _ in f)
-    cfg = pretrain_model_config(load_saved_config(init.bert_workdir), vocab_size)
-    return cfg.replace(**overrides), 2
+    saved = load_saved_config(init.bert_workdir)
+    if tokenizer_type(saved) == 'byte_bpe':
+      from transformer_jax.convert.hf_roberta import RobertaTokenizer
+      tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
+      if not os.path.isfile(os.path.join(tokenizer_dir, 'tokenizer.json')):
+        raise ConfigError(f'no {TOKENIZER_DIR}/tokenizer.json in {init.bert_workdir}: pretrain '
+                          'first')
+      vocab_size = RobertaTokenizer.from_dir(tokenizer_dir).vocab_size
+    else:
+      vocab_path = os.path.join(init.bert_workdir, VOCAB_FILE)
+      if not os.path.isfile(vocab_path):
+        raise ConfigError(f'no {VOCAB_FILE} in {init.bert_workdir}: pretrain first')
+      with open(vocab_path, encoding='utf-8') as f:
+        vocab_size = sum(1 for _ in f)
+    cfg = pretrain_model_config(saved, vocab_size)
+    return cfg.replace(**overrides), segment_types(saved)
   raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR or '
                     '--config.init.bert_workdir=DIR')
 
@@ -255,15 +329,48 @@ def load_init(config):
   init = config.init
   overrides = dict(config.get('model', {}))
   if init.hf_dir:
-    from transformer_jax.convert.hf_bert import load_hf_bert
-    cfg, params, tokenizer, heads = load_hf_bert(init.hf_dir)
+    if hf_family(init.hf_dir) == 'roberta':
+      from transformer_jax.convert.hf_roberta import load_hf_roberta as load
+    else:
+      from transformer_jax.convert.hf_bert import load_hf_bert as load
+    cfg, params, tokenizer, heads = load(init.hf_dir)
     return cfg.replace(**overrides), params, tokenizer, heads['type_vocab_size']
   if init.bert_workdir:
     cfg, params, tokenizer = restore_pretrained(init.bert_workdir)
-    return cfg.replace(**overrides), params, tokenizer, 2
+    types = segment_types(load_saved_config(init.bert_workdir))
+    return cfg.replace(**overrides), params, tokenizer, types
   raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR (a '
-                    'Hugging Face BERT directory) or --config.init.bert_workdir=DIR (a '
+                    'Hugging Face BERT or RoBERTa directory) or --config.init.bert_workdir=DIR (a '
                     'pretraining workdir)')
+
+
+def save_tokenizer(tokenizer, workdir: str) -> None:
+  """The fine-tuning workdir's copy of its tokenizer: WORKDIR/vocab.txt (WordPiece) or
+  WORKDIR/tokenizer/ (RoBERTa's byte-level BPE, HF files)."""
+  from transformer_jax.convert.hf_roberta import RobertaTokenizer
+  if isinstance(tokenizer, RobertaTokenizer):
+    tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
+  else:
+    tokenizer.save(os.path.join(workdir, VOCAB_FILE))
+
+
+def finetune_tokenizer(config, workdir: str):
+  """The tokenizer a fine-tuning run saved in its workdir (`save_tokenizer`):
+  WORKDIR/tokenizer/ (RoBERTa) or WORKDIR/vocab.txt, lowercased as its starting model's."""
+  directory = os.path.join(workdir, TOKENIZER_DIR)
+  if os.path.isdir(directory):
+    from transformer_jax.convert.hf_roberta import RobertaTokenizer
+    return RobertaTokenizer.from_dir(directory)
+  from transformer_jax.data.wordpiece import WordPieceTokenizer
+  path = os.path.join(workdir, VOCAB_FILE)
+  if not os.path.isfile(path):
+    raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
+  if config.init.hf_dir:
+    from transformer_jax.convert.hf_bert import tokenizer_lowercase
+    lowercase = tokenizer_lowercase(config.init.hf_dir)  # as load_hf_bert reads it
+  else:
+    lowercase = bool(load_saved_config(config.init.bert_workdir).tokenizer.lowercase)
+  return WordPieceTokenizer.from_vocab(path, lowercase=lowercase)
 
 
 def load_classification_data(config) -> dict:
@@ -309,7 +416,7 @@ def finetune(config, workdir: str) -> dict:
   max_len = int(config.data.max_len)
   if max_len > cfg.max_len:
     raise ConfigError(f'data.max_len={max_len} exceeds the model position table ({cfg.max_len})')
-  tokenizer.save(os.path.join(workdir, VOCAB_FILE))
+  save_tokenizer(tokenizer, workdir)
   save_config(config, workdir)
   index, count = _process()
   encode = lambda split: classification.encode_examples(tokenizer, splits[split][0], max_len)

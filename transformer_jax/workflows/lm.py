@@ -9,11 +9,16 @@ Data sources (config.data.source):
   'tfds': a TFDS text corpus (data.tfds_name, e.g. 'tiny_shakespeare' or 'lm1b'), with its
           own train and validation splits.
 Tokenizers (config.tokenizer.type): 'char' (sorted distinct characters of the training
-text, saved as tokenizer.json) or 'sentencepiece' (spm.model, trained on the training
-text; documents joined with EOS).
+text, saved as tokenizer.json), 'sentencepiece' (spm.model, trained on the training
+text; documents joined with EOS) or 'byte_bpe' (GPT-2's byte-level BPE with
+tokenizer.vocab_size tokens, trained on the training text and saved as the Hugging Face
+folder tokenizer/, which transformers.AutoTokenizer reads; documents joined with
+'<|endoftext|>', as GPT-2's were).
 """
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 from absl import logging
@@ -22,11 +27,13 @@ from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data import tokenizer as tok
+from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import model_config_from_dict
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
 SPM_FILE = 'spm.model'
+BPE_DIR = 'tokenizer'  # a byte-level BPE: HFTokenizer.save's Hugging Face files
 
 # -- data ---------------------------------------------------------------------------------------
 
@@ -62,11 +69,51 @@ def load_tokenizer(config, workdir: str, train_documents: list[str] | None = Non
     t = config.tokenizer
     return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, t.vocab_size,
                                        model_type=t.model_type, max_sentences=t.max_sentences)
-  raise ConfigError(f"tokenizer.type must be 'char' or 'sentencepiece', got {kind!r}")
+  if kind == 'byte_bpe':
+    return load_or_train_byte_bpe(os.path.join(workdir, BPE_DIR), train_documents,
+                                  int(config.tokenizer.vocab_size))
+  raise ConfigError(f"tokenizer.type must be 'char', 'sentencepiece' or 'byte_bpe', got {kind!r}")
+
+
+def load_or_train_byte_bpe(directory: str, train_documents: list[str] | None,
+                           vocab_size: int) -> HFTokenizer:
+  """The byte-level BPE saved in `directory`, else one trained on the documents and saved.
+
+  A resumed run must keep its ids, so an existing folder wins over the config's vocab_size.
+  The folder appears whole or not at all: it is written beside and renamed into place.
+  """
+  if os.path.isdir(directory):
+    tokenizer = HFTokenizer.from_dir(directory)
+    if tokenizer.vocab_size != vocab_size:
+      logging.warning(
+          'tokenizer %s has %d tokens but vocab_size=%d was requested; using the '
+          'existing one', directory, tokenizer.vocab_size, vocab_size)
+    return tokenizer
+  if train_documents is None:
+    raise ConfigError(f'no tokenizer folder {directory}: train first')
+  tokenizer = HFTokenizer.train_byte_level_bpe(train_documents, vocab_size)
+  staging = tempfile.mkdtemp(dir=os.path.dirname(directory), prefix=f'.{BPE_DIR}.tmp-')
+  try:
+    os.chmod(staging, 0o755)  # mkdtemp makes an owner-only folder; this is a normal one
+    tokenizer.save(staging)
+    try:
+      os.replace(staging, directory)
+    except OSError:
+      if not os.path.isdir(directory):
+        raise
+      # Another process of this job saved its folder first: all use that one, so ids agree.
+      shutil.rmtree(staging, ignore_errors=True)
+      return HFTokenizer.from_dir(directory)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  logging.info('saved the byte-level BPE to %s', directory)
+  return tokenizer
 
 
 def encode(tokenizer, documents: list[str]) -> np.ndarray:
-  """One token stream: characters as they are, subword documents each followed by EOS."""
+  """One token stream: characters as they are, subword documents each followed by the
+  tokenizer's EOS."""
   if isinstance(tokenizer, lm_data.CharTokenizer):
     ids = tokenizer.encode(''.join(documents))
     return np.asarray(ids, lm_data.token_dtype(tokenizer.vocab_size))

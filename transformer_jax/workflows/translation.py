@@ -2,6 +2,20 @@
 
 `experiments/translate.py` (the command line) and `benchmarks/translate_multi30k.py` are thin
 callers of these functions.
+
+The same encoder-decoder also runs T5's recipes (Raffel et al. 2020), chosen by config:
+  - data.task='span_corruption': pretraining on plain text (data.text_path), each chunk of it
+    turned into (inputs with spans cut out, the spans) by data/span_corruption.py, validated
+    on held-out text; the model vocabulary is the tokenizer's plus tokenizer.num_sentinels
+    (workflows/span_corruption.py).
+  - data.source_prefix (e.g. 'translate English to German: '): text-to-text fine-tuning, the
+    prefix on every source sentence at training, evaluation and translation.
+  - init.workdir / init.hf_dir: text-to-text fine-tuning of a pretrained T5, a span-corruption
+    workdir of this workflow or a Hugging Face T5 directory: its tokenizer (never retrained,
+    copied into the workdir), its model config and, at step 0, its params
+    (workflows/t5_init.py; the tokenizer of an HF directory: data/t5_tokenizer.py).
+All are off by default (task 'translation', no prefix, no sentinels, no init), and then nothing
+changes.
 """
 
 import os
@@ -10,11 +24,29 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
-from transformer_jax.data import batching, text, tokenizer as tok
+from transformer_jax.data import batching, span_corruption, text, tokenizer as tok
 from transformer_jax.data.numbers import make_numbers_splits
+from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
-from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.model_config import TransformerConfig, model_config_from_dict
+from transformer_jax.workflows.span_corruption import (noise_settings, num_sentinels,
+                                                       requested_vocab_size, span_corruption_data,
+                                                       validate_span_corruption)
+from transformer_jax.workflows.t5_init import (HF_DIR, HF_TOKENIZER_DIR, SPM_MODEL, WORKDIR,
+                                               init_config, init_source, planned_config,
+                                               resumed_config, start_state, write_init_tokenizer)
+
+TRANSLATION, SPAN_CORRUPTION = 'translation', 'span_corruption'
+
+
+def data_task(config) -> str:
+  """config.data.task: 'translation' (parallel text) or 'span_corruption' (plain text)."""
+  task = config.data.get('task', TRANSLATION)
+  if task not in (TRANSLATION, SPAN_CORRUPTION):
+    raise ConfigError(f"data.task must be '{TRANSLATION}' or '{SPAN_CORRUPTION}', got {task!r}")
+  return task
+
 
 # -- data ---------------------------------------------------------------------------------------
 
@@ -42,7 +74,20 @@ def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
 
 
 def load_tokenizers(config, workdir: str, train_pairs=None):
-  """(source, target) SentencePiece tokenizers, trained on the training text on first run."""
+  """(source, target) SentencePiece tokenizers, trained on the training text on first run.
+
+  A fine-tuning run (init.*) never trains one: it reads the pretrained model's, which
+  `write_init_tokenizer` copied into the workdir (spm.model, or the HF_TOKENIZER_DIR folder).
+  """
+  kind, _ = init_source(config)
+  if kind == HF_DIR:
+    tokenizer = load_hf_t5_tokenizer(os.path.join(workdir, HF_TOKENIZER_DIR), copied=True)
+    return text_to_text_tokenizers(config, tokenizer, tokenizer)
+  if kind == WORKDIR:
+    if not os.path.isfile(os.path.join(workdir, SPM_MODEL)):
+      raise ConfigError(f'no {SPM_MODEL} in {workdir}: a fine-tuning run copies init.workdir\'s '
+                        'there before its first step; copy it back from there')
+    train_pairs = None
   t = config.tokenizer
 
   def texts(*sides):
@@ -52,16 +97,37 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
         raise ConfigError(f'no tokenizer model (spm*.model) in {workdir}: training writes it; '
                           'train first, or if this workdir was trained, rerun its training '
                           'command (the tokenizer is retrained identically) or copy it back')
-      return (s for side in sides for s in train_pairs[side])
+      # The tokenizer learns the text as the model sees it: sources with their prefix.
+      prefix = {0: config.data.get('source_prefix', ''), 1: ''}
+      return (prefix[side] + s for side in sides for s in train_pairs[side])
 
     return read
 
   kwargs = dict(vocab_size=t.vocab_size, model_type=t.model_type, max_sentences=t.max_sentences)
   if t.joint:
-    shared = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.model'), texts(0, 1), **kwargs)
-    return shared, shared
-  return (tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.src.model'), texts(0), **kwargs),
-          tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.tgt.model'), texts(1), **kwargs))
+    shared = tok.load_or_train_tokenizer(os.path.join(workdir, SPM_MODEL), texts(0, 1), **kwargs)
+    src_tok = tgt_tok = shared
+  else:
+    src_tok = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.src.model'), texts(0),
+                                          **kwargs)
+    tgt_tok = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.tgt.model'), texts(1),
+                                          **kwargs)
+  return text_to_text_tokenizers(config, src_tok, tgt_tok)
+
+
+def text_to_text_tokenizers(config, src_tok, tgt_tok):
+  """The SentencePiece tokenizers as the model sees them: with tokenizer.num_sentinels extra
+  ids on top (T5's sentinels, so the model vocabulary is the tokenizer's plus those), and with
+  data.source_prefix on every source text. Unchanged when both are off."""
+  count = num_sentinels(config)
+  if count:
+    shared = src_tok is tgt_tok
+    tgt_tok = span_corruption.SentinelTokenizer(tgt_tok, count)
+    src_tok = tgt_tok if shared else span_corruption.SentinelTokenizer(src_tok, count)
+  prefix = config.data.get('source_prefix', '')
+  if prefix:
+    src_tok = span_corruption.PrefixedTokenizer(src_tok, prefix)
+  return src_tok, tgt_tok
 
 
 # -- composition --------------------------------------------------------------------------------
@@ -76,20 +142,23 @@ def validate(config):
   multiple of data x fsdp (x accumulation steps), so no batch size is checked here.
   """
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
-  model_config_from_dict(config.model, vocab_size=int(config.tokenizer.vocab_size),
+  if data_task(config) == SPAN_CORRUPTION:
+    validate_span_corruption(config)
+  if init_source(config)[0] and data_task(config) != TRANSLATION:
+    raise ConfigError('init.workdir / init.hf_dir fine-tune a pretrained T5 text to text: they '
+                      f"need data.task='{TRANSLATION}' (parallel text), not {data_task(config)!r}")
+  model_config_from_dict(config.model, vocab_size=requested_vocab_size(config),
                          max_len=config.data.max_len)
   validation.check_training(config)
 
 
-def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
-  """Tokenizers, task and trainer for `config` (the model sized to the tokenizers)."""
+def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
+  """Tokenizers, task and trainer for `config` (the model sized to the tokenizers, sentinels
+  included); `tokenizers` = (source, target) from `load_tokenizers` if already loaded."""
   from transformer_jax.tasks.translation import TranslationTask
   from transformer_jax.training.trainer import Trainer
-  src_tok, tgt_tok = load_tokenizers(config, workdir, train_pairs)
-  model_cfg = model_config_from_dict(
-      config.model, vocab_size=tgt_tok.vocab_size, max_len=config.data.max_len,
-      source_vocab_size=None if config.tokenizer.joint else src_tok.vocab_size,
-      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
+  src_tok, tgt_tok = tokenizers or load_tokenizers(config, workdir, train_pairs)
+  model_cfg = model_config(config, src_tok.vocab_size, tgt_tok.vocab_size)
   bleu_n = config.eval.bleu_sentences or len(valid_pairs[0])
   task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing,
                          beam_size=config.eval.beam_size, alpha=config.eval.alpha,
@@ -99,31 +168,53 @@ def build(config, workdir: str, train_pairs=None, valid_pairs=((), ())):
   return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
 
 
+def model_config(config, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
+  """The model for tokenizers of these sizes: sized to them, or, fine-tuning an HF T5, the
+  checkpoint's (config.model as `init_config` wrote it), whose embedding may have rows the
+  tokenizer does not use (t5-small: 32,128 for 32,100 ids) but not fewer."""
+  if init_source(config)[0] == HF_DIR:
+    cfg = model_config_from_dict(config.model, max_len=config.data.max_len)
+    if tgt_vocab_size > cfg.vocab_size:
+      raise ConfigError(f'the tokenizer has {tgt_vocab_size} ids but the model\'s embedding has '
+                        f'{cfg.vocab_size} rows: use the tokenizer saved with the checkpoint')
+    return cfg
+  return model_config_from_dict(
+      config.model, vocab_size=tgt_vocab_size, max_len=config.data.max_len,
+      source_vocab_size=None if config.tokenizer.joint else src_vocab_size,
+      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
+
+
 def abstract_task(config, num_devices: int | None = None):
   """(task, {key: jax.ShapeDtypeStruct}) of the largest training batch, from the config alone.
 
-  Nothing is read and no tokenizer is trained: the model has tokenizer.vocab_size entries per
-  language. The batch is the longest bucket's (the most attention work and activation memory),
-  with as many rows as `BucketedBatcher` gives it: batch_tokens // length rounded down to a
-  multiple of data x fsdp (x accumulation steps) over `num_devices` (default: jax's).
+  Nothing is read and no tokenizer is trained: the model has tokenizer.vocab_size (+ the
+  sentinels) entries per language (fine-tuning: the model and vocabulary of the init source's
+  config file, init.workdir's saved config or init.hf_dir's config.json; no weights read).
+  The batch is the longest bucket's (the most attention work and activation memory), with as
+  many rows as `BucketedBatcher` gives it: batch_tokens // length rounded down to a multiple of
+  data x fsdp (x accumulation steps) over `num_devices` (default: jax's). Span corruption's
+  targets are as short as its batches make them.
   """
   import jax
   import numpy as np
   from transformer_jax.parallel import sharding
   from transformer_jax.tasks.translation import TranslationTask
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
-  vocab = int(config.tokenizer.vocab_size)
-  model_cfg = model_config_from_dict(
-      config.model, vocab_size=vocab, max_len=config.data.max_len,
-      source_vocab_size=None if config.tokenizer.joint else vocab,
-      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
+  config = planned_config(config)
+  vocab = requested_vocab_size(config)
+  model_cfg = model_config(config, vocab, vocab)
   task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing)
   num_devices = jax.device_count() if num_devices is None else num_devices
   data, fsdp, _ = sharding.mesh_shape(dict(config.get('mesh', None) or {'data': -1}), num_devices)
   multiple_of = data * fsdp * int(config.train.get('accumulation_steps', 1))
   length = batching.bucket_lengths(int(config.data.max_len), config.data.buckets)[-1]
   rows = max(multiple_of, (int(config.data.batch_tokens) // length) // multiple_of * multiple_of)
-  return task, {k: jax.ShapeDtypeStruct((rows, length), np.int32) for k in ('inputs', 'targets')}
+  targets = length
+  if data_task(config) == SPAN_CORRUPTION:  # batches carry only the targets' columns
+    targets = min(
+        length, span_corruption.targets_length(int(config.data.max_len), **noise_settings(config)))
+  shape = lambda columns: jax.ShapeDtypeStruct((rows, columns), np.int32)
+  return task, {'inputs': shape(length), 'targets': shape(targets)}
 
 
 def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
@@ -156,17 +247,28 @@ def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
 
 def train_and_evaluate(config, workdir: str) -> dict:
   validate(config)
-  train_pairs = load_split(config, config.data.train_prefix)
-  if config.data.max_train_examples:
-    train_pairs = tuple(side[:config.data.max_train_examples] for side in train_pairs)
-  valid_pairs = load_split(config, config.data.valid_prefix)
-  task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
-  save_config(config, workdir)
-  train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
-  valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
-  logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
-               train_data.num_batches_per_epoch, valid_data.num_examples)
-  results = trainer.fit(train_data, lambda: iter(valid_data))
+  state = None  # the trainer's own: a checkpoint's, or fresh (fine-tuning: `start_state`)
+  if data_task(config) == SPAN_CORRUPTION:
+    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(
+        config, workdir, load_tokenizers, build)
+  else:
+    train_pairs = load_split(config, config.data.train_prefix)
+    if config.data.max_train_examples:
+      train_pairs = tuple(side[:config.data.max_train_examples] for side in train_pairs)
+    valid_pairs = load_split(config, config.data.valid_prefix)
+    pretrained = None
+    if init_source(config)[0]:  # everything read and checked before the first write
+      config, pretrained = init_config(config, workdir, model_config, restore_for_inference)
+      write_init_tokenizer(workdir, pretrained)
+    task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
+    save_config(config, workdir)
+    train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
+    valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
+    logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
+                 train_data.num_batches_per_epoch, valid_data.num_examples)
+    if pretrained is not None:
+      state = start_state(trainer, train_data, pretrained, restore_for_inference)
+  results = trainer.fit(train_data, lambda: iter(valid_data), state=state)
   if results.get('interrupted'):
     trainer.close()
     return results
@@ -204,7 +306,13 @@ def choose_average(config, task, trainer, valid_pairs, results):
 
 
 def restore_for_inference(config, workdir: str):
-  """(task, trainer, params) of the workdir's latest checkpoint."""
+  """(task, trainer, params) of the workdir's latest checkpoint.
+
+  A fine-tuned workdir (init.*) is read with the model and tokenizer sections its training
+  saved, whatever config is given: nothing of the init source is needed.
+  """
   validate(config)
+  if init_source(config)[0]:
+    config = resumed_config(config, workdir)
   task, trainer, _ = build(config, workdir)
   return task, trainer, trainer.restore_params()

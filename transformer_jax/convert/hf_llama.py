@@ -1,0 +1,312 @@
+"""Hugging Face LLaMA checkpoints <-> `GPT` (LLaMA architecture) config and params.
+
+    cfg, params = load_hf_llama('/path/to/llama')   # config.json + model.safetensors
+    logits = GPT(cfg).apply({'params': params}, tokens)
+
+    hf_config = llama_config_to_hf(cfg, bos_token_id=1, eos_token_id=2)   # config.json
+    state = export_llama_state_dict(cfg, params)                           # model.safetensors
+
+Reads and writes `LlamaForCausalLM` checkpoints as transformers lays them out (`model.`-prefixed
+decoder, `lm_head.weight`; a bare `LlamaModel`'s unprefixed names are accepted too). HF's
+`nn.Linear` weights are [out, in]: transposed to our [in, out] kernels, and the attention
+projections' head axis unflattened. HF orders those columns head-major (column h * head_dim +
+d), as our (heads, head_dim) kernel axes are, so reshapes suffice.
+
+Rotary positions need no permutation either. HF's LLaMA rotates "half" pairs (dimension i with
+i + head_dim / 2, `rotate_half`), which is exactly our `apply_rotary`, at the same frequencies
+theta^(-2i/head_dim). Meta's original checkpoints (consolidated.*.pth) rotate *interleaved*
+pairs (2i, 2i + 1); transformers' convert_llama_weights_to_hf.py permutes the rows of q_proj and
+k_proj into the half layout, and those converted checkpoints are what this module imports.
+Meta's own files are not: convert them with transformers' script first.
+
+Refused, with one ConfigError line each: another model_type, a hidden_act other than SiLU, rope
+scaling other than none/default (linear, dynamic, yarn, llama3, ...), attention or MLP biases.
+Weights are read without running code: safetensors (float32, float16 or bfloat16, single or
+sharded) or, failing those, `pytorch_model.bin` through `hf_gpt2.read_state_dict`.
+"""
+
+import json
+import os
+import re
+import struct
+from typing import Any, Mapping
+
+import numpy as np
+from absl import logging
+
+from transformer_jax.convert.hf_gpt2 import read_state_dict as read_legacy_state_dict
+from transformer_jax.convert.name_table import (ParamReader, Table, canonical_names,
+                                                params_from_table, same, state_from_table)
+from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.model_config import TransformerConfig
+from transformer_jax.models.gpt import LLAMA_ARCHITECTURE, llama_config
+
+_PREFIX = 'model.'
+_HEAD = 'lm_head.weight'
+# Rotary inverse frequencies that transformers < 4.31 saved with the weights: derived from
+# rope_theta, not parameters.
+_BUFFER = re.compile(r'(^|\.)rotary_emb\.inv_freq$')
+# HF's names for SiLU (ACT2FN maps both to nn.SiLU).
+_SILU = ('silu', 'swish')
+_DEFAULT_ROPE = (None, 'default')
+# Our switches that HF's LlamaConfig has no field for: an exported model must have LLaMA's value.
+_FIXED = {
+    key: value
+    for key, value in LLAMA_ARCHITECTURE.items()
+    if key not in ('norm_epsilon', 'rotary_base', 'tie_output', 'embed_init_std')
+}
+_FIXED.update(embedding_norm=False, scale_attention_scores=True, rescale_tied_output=False,
+              share_layers=False, embedding_size=None)
+
+# -- config -----------------------------------------------------------------------------------
+
+
+def _rope_theta(c: Mapping[str, Any]) -> float:
+  """rope_theta from `rope_parameters` (transformers >= 5) or the top level (older), refusing
+  any rope scaling: our rotary applies the plain frequencies only."""
+  theta = c.get('rope_theta')
+  for key in ('rope_parameters', 'rope_scaling'):
+    rope = c.get(key)
+    if rope is None:
+      continue
+    if not isinstance(rope, Mapping):
+      raise ConfigError(f'config.json {key}={rope!r} is not a dict; expected e.g. '
+                        "{'rope_type': 'default', 'rope_theta': 10000.0}")
+    kind = rope.get('rope_type', rope.get('type'))
+    if kind not in _DEFAULT_ROPE:
+      raise ConfigError(f'config.json {key} has rope_type={kind!r}: rope scaling is not '
+                        "supported, only plain rotary positions (none or 'default')")
+    theta = rope.get('rope_theta', theta)
+  return 10000.0 if theta is None else float(theta)
+
+
+def llama_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
+  """Our config for an HF `LlamaConfig` dict (config.json); `overrides` win (e.g. dtype)."""
+  c = dict(hf_config)
+  if c.get('model_type', 'llama') != 'llama':
+    raise ConfigError(f"config.json has model_type={c['model_type']!r}, not 'llama': import it "
+                      'with its own family (convert.hf_auto.load_hf_causal_lm dispatches)')
+  activation = c.get('hidden_act', 'silu')
+  if activation not in _SILU:
+    raise ConfigError(f'config.json hidden_act={activation!r} is not supported: LLaMA gates '
+                      "with SiLU (need 'silu')")
+  for key in ('attention_bias', 'mlp_bias'):
+    if c.get(key):
+      raise ConfigError(f'config.json {key}={c[key]} is not supported: our LLaMA architecture '
+                        'has no biases (need false)')
+  try:
+    heads, emb_dim = int(c['num_attention_heads']), int(c['hidden_size'])
+    values = dict(vocab_size=int(c['vocab_size']), emb_dim=emb_dim, num_heads=heads,
+                  num_kv_heads=int(c.get('num_key_value_heads') or
+                                   heads), mlp_dim=int(c['intermediate_size']),
+                  num_decoder_layers=int(c['num_hidden_layers']),
+                  max_len=int(c.get('max_position_embeddings',
+                                    2048)), norm_epsilon=float(c.get('rms_norm_eps', 1e-6)),
+                  rotary_base=_rope_theta(c), tie_output=bool(c.get('tie_word_embeddings', False)),
+                  attention_dropout_rate=float(c.get('attention_dropout') or 0.0),
+                  embed_init_std=float(c.get('initializer_range', 0.02)))
+  except KeyError as e:
+    raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a LLaMA model') from None
+  head_dim = c.get('head_dim')
+  if head_dim is not None and int(head_dim) != emb_dim // max(heads, 1):
+    values['head_dim'] = int(head_dim)  # else derived (and re-derived by cfg.replace)
+  values.update(overrides)
+  return llama_config(**values)
+
+
+def llama_config_to_hf(cfg: TransformerConfig, *, bos_token_id: int | None = None,
+                       eos_token_id: int | list[int] | None = None,
+                       pad_token_id: int | None = None) -> dict:
+  """The config.json dict of a `LlamaForCausalLM` computing what `GPT(cfg)` computes.
+
+  Token ids are the tokenizer's (our config does not know them); None is written as null, not
+  left out, since transformers would otherwise assume LLaMA's bos 1 / eos 2. Raises ConfigError
+  naming the first switch HF's LLaMA cannot express (learned positions, biases, GELU, ...).
+  """
+  for key, value in _FIXED.items():
+    ours = getattr(cfg, key, value)  # (fields a version of TransformerConfig lacks: default)
+    if ours != value:
+      raise ConfigError(f'model.{key}={ours!r} cannot be exported as a Hugging Face LLaMA '
+                        f'(which needs {value!r})')
+  dtype = np.dtype(cfg.param_dtype).name
+  return {
+      'architectures': ['LlamaForCausalLM'],
+      'model_type': 'llama',
+      'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.emb_dim,
+      'intermediate_size': cfg.mlp_dim,
+      'num_hidden_layers': cfg.num_decoder_layers,
+      'num_attention_heads': cfg.num_heads,
+      'num_key_value_heads': cfg.num_kv_heads,
+      'head_dim': cfg.head_dim,
+      'hidden_act': 'silu',
+      'max_position_embeddings': cfg.max_len,
+      'initializer_range': 0.02 if cfg.embed_init_std is None else cfg.embed_init_std,
+      'rms_norm_eps': cfg.norm_epsilon,
+      # Both spellings: transformers >= 5 reads rope_parameters, older versions rope_theta.
+      'rope_theta': cfg.rotary_base,
+      'rope_parameters': {'rope_type': 'default', 'rope_theta': cfg.rotary_base},
+      'attention_bias': False,
+      'mlp_bias': False,
+      'attention_dropout': cfg.attention_dropout_rate,
+      'tie_word_embeddings': cfg.tie_output,
+      'pretraining_tp': 1,
+      'use_cache': True,
+      'bos_token_id': bos_token_id,
+      'eos_token_id': eos_token_id,
+      'pad_token_id': pad_token_id,
+      'dtype': dtype,
+      'torch_dtype': dtype,  # the name transformers < 4.56 reads
+  }
+
+
+# -- weights ----------------------------------------------------------------------------------
+
+
+def _table(cfg: TransformerConfig) -> Table:
+  """HF name -> (our param path, HF shape, HF array -> ours, our array -> HF's).
+
+  One table serves import and export, so the two cannot disagree on a name or a layout.
+  """
+  e, m, h, k, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  table = {}
+
+  def linear(hf, path, out, inp):  # nn.Linear [out, in] <-> kernel [in, out]
+    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), lambda w: w.T, lambda w: w.T)
+
+  def projection(hf, path, heads):  # [heads * d, e] <-> kernel [e, heads, d]
+    table[f'{hf}.weight'] = (path + ('kernel',), (heads * d, e), lambda w: w.T.reshape(e, heads, d),
+                             lambda w: w.reshape(e, heads * d).T)
+
+  def norm(hf, path):
+    table[f'{hf}.weight'] = (path + ('scale',), (e,), same, same)
+
+  table[f'{_PREFIX}embed_tokens.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e), same,
+                                            same)
+  for i in range(cfg.num_decoder_layers):
+    hf, ours = f'{_PREFIX}layers.{i}', ('stack', f'layer_{i}')
+    projection(f'{hf}.self_attn.q_proj', ours + ('self_attention', 'query'), h)
+    projection(f'{hf}.self_attn.k_proj', ours + ('self_attention', 'key'), k)
+    projection(f'{hf}.self_attn.v_proj', ours + ('self_attention', 'value'), k)
+    table[f'{hf}.self_attn.o_proj.weight'] = (ours + ('self_attention', 'out', 'kernel'),
+                                              (e, h * d), lambda w: w.T.reshape(h, d, e),
+                                              lambda w: w.reshape(h * d, e).T)
+    linear(f'{hf}.mlp.gate_proj', ours + ('mlp', 'wi_gate'), m, e)
+    linear(f'{hf}.mlp.up_proj', ours + ('mlp', 'wi_up'), m, e)
+    linear(f'{hf}.mlp.down_proj', ours + ('mlp', 'wo'), e, m)
+    norm(f'{hf}.input_layernorm', ours + ('self_attention_norm',))
+    norm(f'{hf}.post_attention_layernorm', ours + ('mlp_norm',))
+  norm(f'{_PREFIX}norm', ('stack', 'final_norm'))
+  if not cfg.tie_output:
+    linear('lm_head', ('lm_head',), cfg.vocab_size, e)
+  return table
+
+
+def _full_names(state: Mapping[str, Any], tie_output: bool) -> tuple[dict, dict]:
+  """(LlamaForCausalLM name -> array, that name -> the name in the file): a bare `LlamaModel`'s
+  names get the 'model.' prefix; rotary buffers and a tied head (equal to the embedding) go."""
+  full = lambda name: name if name.startswith(_PREFIX) or name == _HEAD else _PREFIX + name
+  arrays, original = canonical_names(state, full, _PREFIX,
+                                     drop=lambda name: bool(_BUFFER.search(name)))
+  if tie_output and _HEAD in arrays:
+    head, embedding = arrays.pop(_HEAD), arrays.get(f'{_PREFIX}embed_tokens.weight')
+    if embedding is not None and not np.array_equal(np.asarray(head), np.asarray(embedding)):
+      raise ConfigError(f'{_HEAD} differs from {_PREFIX}embed_tokens.weight but config.json says '
+                        'tie_word_embeddings=true; set it to false to import the separate head')
+  return arrays, original
+
+
+def convert_llama_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:
+  """Our `GPT` params (nested dict of numpy arrays, as `GPT.init` lays them out) from HF's.
+
+  Raises one ConfigError naming unknown, missing or wrongly shaped parameters.
+  """
+  arrays, original = _full_names(state, cfg.tie_output)
+  return params_from_table(
+      _table(cfg), arrays, original, dtype=cfg.param_dtype,
+      what=f'a LLaMA with {cfg.num_decoder_layers} layers and tie_word_embeddings={cfg.tie_output}')
+
+
+def export_llama_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarray]:
+  """HF `LlamaForCausalLM` name -> array for our `GPT(cfg)` params (either layer layout).
+
+  Arrays keep the params' dtype; a tied model has no lm_head.weight (transformers ties it on
+  load). Raises one ConfigError naming params the config does not imply, or lacks.
+  """
+  table = _table(cfg)
+  get = ParamReader(params, 'LLaMA', dtype=None)  # (keeps the params' dtype)
+  unknown = sorted(set(get.params) - {'/'.join(path) for path, *_ in table.values()})
+  if unknown:
+    raise ConfigError(f'params have entries {", ".join(unknown)} that a LLaMA with '
+                      f'{cfg.num_decoder_layers} layers and tie_output={cfg.tie_output} lacks')
+  return state_from_table(table, get)
+
+
+# -- files ------------------------------------------------------------------------------------
+
+# safetensors dtype names -> numpy. bfloat16 (how most LLaMA checkpoints are stored) comes from
+# ml_dtypes: `safetensors.numpy` cannot read it.
+_SAFETENSORS_DTYPES = {
+    'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'I64': np.int64, 'I32': np.int32,
+    'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_
+}
+
+
+def load_safetensors(path: str) -> dict[str, np.ndarray]:
+  """name -> array of one .safetensors file, bfloat16 included (read-only views of a memory map).
+
+  The format is an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
+  data_offsets}} and the raw little-endian tensor bytes.
+  """
+  import ml_dtypes
+  dtypes = dict(_SAFETENSORS_DTYPES, BF16=ml_dtypes.bfloat16)
+  try:
+    with open(path, 'rb') as f:
+      (length,) = struct.unpack('<Q', f.read(8))
+      header = json.loads(f.read(length))
+    data = np.memmap(path, dtype=np.uint8, mode='r', offset=8 + length)
+    state = {}
+    for name, info in header.items():
+      if name == '__metadata__':
+        continue
+      if info['dtype'] not in dtypes:
+        raise DataError(f'{path}: tensor {name} has dtype {info["dtype"]}, which is not supported')
+      start, end = info['data_offsets']
+      state[name] = data[start:end].view(dtypes[info['dtype']]).reshape(info['shape'])
+    return state
+  except (OSError, ValueError, KeyError, struct.error) as e:
+    raise DataError(f'{path} is not a readable safetensors file ({e})') from None
+
+
+def read_llama_state_dict(directory: str) -> dict[str, np.ndarray]:
+  """name -> array from model.safetensors (single or sharded), else pytorch_model.bin."""
+  single = os.path.join(directory, 'model.safetensors')
+  index = os.path.join(directory, 'model.safetensors.index.json')
+  if os.path.exists(single):
+    return load_safetensors(single)
+  if os.path.exists(index):
+    with open(index) as f:
+      files = sorted(set(json.load(f)['weight_map'].values()))
+    state = {}
+    for name in files:
+      state.update(load_safetensors(os.path.join(directory, name)))
+    return state
+  return read_legacy_state_dict(directory)  # pytorch_model.bin, or one DataError naming both
+
+
+def load_hf_llama(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
+  """(config, params) for the HF LLaMA checkpoint in `directory` (config.json + weights).
+
+  `overrides` go to the config (e.g. max_len=512, param_dtype=jnp.bfloat16).
+  """
+  config_path = os.path.join(directory, 'config.json')
+  if not os.path.exists(config_path):
+    raise DataError(f'{config_path} does not exist: expected a Hugging Face LLaMA directory '
+                    '(config.json and model.safetensors)')
+  with open(config_path) as f:
+    cfg = llama_config_from_hf(json.load(f), **overrides)
+  params = convert_llama_state_dict(read_llama_state_dict(directory), cfg)
+  logging.info('imported LLaMA from %s: %d layers, %d heads (%d key/value), width %d, vocab %d',
+               directory, cfg.num_decoder_layers, cfg.num_heads, cfg.num_kv_heads, cfg.emb_dim,
+               cfg.vocab_size)
+  return cfg, params

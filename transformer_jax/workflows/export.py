@@ -1,0 +1,195 @@
+"""A trained workdir -> a Hugging Face model directory that `transformers` loads as it is.
+
+    python -m experiments.export --workdir=/tmp/sc --out=/tmp/sc_hf
+    model = AutoModelForCausalLM.from_pretrained('/tmp/sc_hf')   # or AutoModelForMaskedLM, ...
+    tokenizer = AutoTokenizer.from_pretrained('/tmp/sc_hf')      # the same ids as the workdir's
+
+The workdir is read the way the workflow that wrote it reads it: its saved config
+(cli/workdir.load_saved_config), its model config and tokenizer from that workflow's own
+functions (workflows/{lm,bert,translation}.py), its params from the latest readable checkpoint
+(training/checkpointing.restore_params_only: the optimizer state is not read, nothing is
+written). convert/export.py knows the Hugging Face side. The family follows from the config,
+before any weight is read:
+
+  experiments.lm, GPT-2's switches (learned positions, Pre-LN, biases)  -> gpt2  (GPT2LMHeadModel)
+  experiments.lm, rotary positions / RMSNorm / SwiGLU                   -> llama (LlamaForCausalLM)
+  experiments.bert (pretraining or fine-tuning), by its heads: ...ForPreTraining, ...ForMaskedLM
+  or ...ForSequenceClassification of
+      albert   a factorised embedding (model.embedding_size) or shared layers (share_layers);
+      roberta  RoBERTa's byte-level BPE (tokenizer.type='byte_bpe', or fine-tuned from an HF
+               RoBERTa or such a workdir); pretrained with data.sentence_task 'full_sentences'
+               or 'none' (RoBERTa has no sentence head);
+      bert     otherwise (WordPiece);
+  experiments.translate, T5's switches (relative positions, RMSNorm, Pre-LN, no biases, one
+      shared vocabulary) -> t5 (T5ForConditionalGeneration); a span-corruption or text-to-text
+      workdir keeps its sentinels ('<extra_id_i>') and data.source_prefix (config.json's
+      task_specific_params, where T5 checkpoints keep it);
+  anything else (e.g. the original post-LN sinusoidal Transformer, which no HF class computes)
+      -> one ConfigError line naming the switch without an HF equivalent.
+"""
+
+import os
+
+import numpy as np
+from absl import logging
+
+from transformer_jax.cli.workdir import load_saved_config
+from transformer_jax.convert.export import (check_out_dir, converters, tokenizer_files,
+                                            write_hf_directory)
+from transformer_jax.errors import ConfigError
+from transformer_jax.special_tokens import PAD_ID
+from transformer_jax.training.checkpointing import restore_params_only
+from transformer_jax.workflows import bert, lm, translation
+
+BERT_FAMILIES = ('bert', 'albert', 'roberta')
+# The switches of T5 (convert/hf_t5.py exports exactly these); the rest it checks itself.
+_T5_SWITCHES = dict(position='relative', norm_type='rmsnorm', norm_position='pre', use_bias=False)
+
+
+def experiment_of(config) -> str:
+  """'lm', 'bert' or 'translate': which experiment wrote a saved config."""
+  data = config.get('data') or {}
+  if config.get('mode') in bert.MODES:
+    return 'bert'
+  if 'block_size' in data:
+    return 'lm'
+  if 'batch_tokens' in data:
+    return 'translate'
+  raise ConfigError('the workdir config is not one experiments.lm, experiments.bert or '
+                    'experiments.translate writes: nothing to export')
+
+
+def model_config(experiment: str, config, vocab_size: int):
+  """(the model config the experiment's workflow builds with `vocab_size` entries, the number
+  of segment ids of a BERT-family model, else None)."""
+  if experiment == 'lm':
+    return lm.model_config(config, vocab_size), None
+  if experiment == 'translate':  # one vocabulary (family_of checks tokenizer.joint)
+    return translation.model_config(config, vocab_size, vocab_size), None
+  if config.mode == 'pretrain':
+    return bert.pretrain_model_config(config, vocab_size), bert.segment_types(config)
+  # The model fine-tuning started from, with config.model's overrides (its weights unread).
+  cfg, type_vocab_size = bert.init_model_config(config)
+  return cfg.replace(vocab_size=vocab_size), type_vocab_size
+
+
+def _byte_level_bert(config) -> bool:
+  """Whether a BERT-family workdir tokenizes with RoBERTa's byte-level BPE: its own
+  tokenizer.type, or, fine-tuned, that of the model it started from."""
+  if config.mode == 'pretrain':
+    return bert.tokenizer_type(config) == 'byte_bpe'
+  if config.init.hf_dir:
+    return bert.hf_family(config.init.hf_dir) == 'roberta'
+  if config.init.bert_workdir:
+    return bert.tokenizer_type(load_saved_config(config.init.bert_workdir)) == 'byte_bpe'
+  return False  # init_model_config has refused it already
+
+
+def family_of(experiment: str, cfg, config) -> str:
+  """The HF family that computes what `cfg` computes; ConfigError naming the switch that has
+  no HF equivalent (the family's `*_config_to_hf` then checks the rest)."""
+  if experiment == 'lm':
+    llama = cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu'
+    return 'llama' if llama else 'gpt2'
+  if experiment == 'bert':
+    byte_level = _byte_level_bert(config)
+    if cfg.embedding_size is not None or cfg.share_layers:
+      if byte_level:
+        raise ConfigError('an ALBERT (embedding_size or share_layers set) with RoBERTa\'s '
+                          'byte-level BPE has no Hugging Face class: ALBERT tokenizers number '
+                          'their ids as WordPiece does (pretrain with tokenizer.type=wordpiece)')
+      return 'albert'
+    return 'roberta' if byte_level else 'bert'
+  for name, want in _T5_SWITCHES.items():
+    if getattr(cfg, name) != want:
+      t5 = ', '.join(f'{k}={v!r}' for k, v in _T5_SWITCHES.items())
+      raise ConfigError(f'no Hugging Face class computes this translation model: {name}='
+                        f'{getattr(cfg, name)!r} has no equivalent (the original Transformer '
+                        f'has none; T5 needs {t5})')
+  if not (bool(config.tokenizer.joint) and cfg.share_embeddings):
+    raise ConfigError('T5 has one vocabulary and embedding shared by encoder and decoder; this '
+                      'model was trained with tokenizer.joint=False or model.share_embeddings='
+                      'False')
+  return 't5'
+
+
+def _expected_heads(config, type_vocab_size: int) -> dict:
+  """The `Bert` heads a BERT-family config trains (for checks before the params are read)."""
+  if config.mode == 'pretrain':
+    sentence = bert.model_sentence_task(config.data.sentence_task) != 'none'
+    return dict(type_vocab_size=type_vocab_size, mlm=True, sentence_classes=2 if sentence else 0,
+                num_labels=0)
+  return dict(type_vocab_size=type_vocab_size, mlm=False, sentence_classes=0,
+              num_labels=int(config.data.num_labels))
+
+
+def load_tokenizer(experiment: str, config, workdir: str):
+  """The workdir's tokenizer, as its workflow loads it (never trained here)."""
+  if experiment == 'lm':
+    return lm.load_tokenizer(config, workdir)
+  if experiment == 'translate':  # joint (family_of checked): the target's is the vocabulary
+    return translation.load_tokenizers(config, workdir)[1]
+  if config.mode == 'pretrain':
+    return bert.pretrain_tokenizer(config, workdir)
+  return bert.finetune_tokenizer(config, workdir)
+
+
+def _embedding_rows(experiment: str, params: dict) -> int:
+  name = 'target_embed' if experiment == 'translate' else 'token_embed'
+  try:
+    return int(np.shape(params[name]['embedding'])[0])
+  except (KeyError, TypeError):
+    raise ConfigError(f'the checkpoint params lack {name}/embedding: not a model of this '
+                      'workdir config') from None
+
+
+def export_workdir(workdir: str, out_dir: str) -> str:
+  """Writes the HF directory of a trained workdir to `out_dir`; returns the family
+  ('gpt2', 'llama', 'bert', 'albert', 'roberta' or 't5').
+
+  The family and the config's HF expressibility are settled from config.json before any
+  weight is read; then the tokenizer and the latest checkpoint's params are read and written.
+  Raises one ConfigError line for an existing non-empty `out_dir`, a workdir without a
+  checkpoint, a model no HF class computes, or a tokenizer larger than the model's embedding.
+  """
+  if not workdir:
+    raise ConfigError('--workdir is required: a directory trained by experiments.lm, .bert or '
+                      '.translate')
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  if not os.path.isdir(workdir):
+    raise ConfigError(f'--workdir {workdir} does not exist')
+  out_dir = check_out_dir(out_dir)
+  config = load_saved_config(workdir)
+  experiment = experiment_of(config)
+  # Checked with a stand-in vocabulary: the switches, not the sizes, decide what HF expresses.
+  draft, type_vocab_size = model_config(experiment, config,
+                                        int((config.get('tokenizer') or {}).get('vocab_size', 256)))
+  family = family_of(experiment, draft, config)
+  bert_like = family in BERT_FAMILIES
+  to_hf, _ = converters(family, _expected_heads(config, type_vocab_size) if bert_like else None)
+  to_hf(draft)
+  files = tokenizer_files(load_tokenizer(experiment, config, workdir), draft.max_len)
+  params = restore_params_only(os.path.join(workdir, 'checkpoints'))
+  rows = _embedding_rows(experiment, params)
+  cfg, _ = model_config(experiment, config, rows)
+  if files.vocab_size > rows:
+    raise ConfigError(f'the tokenizer has {files.vocab_size} tokens but the model embedding '
+                      f'has {rows} rows: ids >= {rows} would have no embedding')
+  heads = None
+  if bert_like:
+    from transformer_jax.convert.hf_bert import bert_heads
+    heads = bert_heads(params)
+  to_hf, export_state_dict = converters(family, heads, files.special_ids)
+  hf_config = to_hf(cfg)
+  for key, value in files.special_ids.items():
+    if hf_config.get(key) is None:
+      hf_config[key] = value
+  if family == 't5':
+    if hf_config.get('decoder_start_token_id') is None:
+      hf_config['decoder_start_token_id'] = PAD_ID  # models/encoder_decoder.shift_right
+    prefix = config.data.get('source_prefix', '')
+    if prefix:  # text-to-text: where T5 checkpoints keep the prefix their sources need
+      hf_config['task_specific_params'] = {'translation': {'prefix': prefix}}
+  write_hf_directory(out_dir, hf_config, export_state_dict(cfg, params), files.write)
+  logging.info('exported %s (%s) to %s', workdir, family, out_dir)
+  return family

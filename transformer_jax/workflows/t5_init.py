@@ -1,0 +1,356 @@
+"""Text-to-text fine-tuning of a pretrained T5 in the translation workflow (init.* configs).
+
+init.workdir=W: W is a workdir of the translation workflow whose model is a T5
+(t5_span_corruption.py's, say). The run reuses W's spm.model (copied here) and tokenizer
+section, so the sentinels keep their ids, and its model: config.model must describe the same
+parameters (the fields in RUNTIME_FIELDS may differ). init.hf_dir=D: D is a Hugging Face T5
+directory; its config.json gives the model (config.model adds only the RUNTIME_FIELDS), its
+tokenizer.json (or spiece.model) the ids, copied to WORKDIR/hf_tokenizer/. Either way the run's
+saved config holds the resolved model and tokenizer sections, so --mode=translate / evaluate
+need nothing but the workdir, and the pretrained params replace the fresh ones at step 0 only: a
+rerun resumes from its own checkpoints without reading W or D again.
+
+workflows/translation.py calls these and imports this module, so what this one needs of the
+workflow (its `model_config` and `restore_for_inference`) is passed in, never imported.
+"""
+
+import dataclasses
+import json
+import os
+
+from absl import logging
+
+from transformer_jax.data import tokenizer as tok
+from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
+from transformer_jax.errors import ConfigError
+from transformer_jax.files import write_atomically
+from transformer_jax.model_config import TransformerConfig, model_config_from_dict
+from transformer_jax.workflows.span_corruption import num_sentinels, requested_vocab_size
+
+WORKDIR, HF_DIR = 'workdir', 'hf_dir'  # init_source's kinds
+# A translation workdir's joint SentencePiece model (init.workdir's is copied under this name),
+# and the workdir folder an init.hf_dir's tokenizer files are copied into.
+SPM_MODEL = 'spm.model'
+HF_TOKENIZER_DIR = 'hf_tokenizer'
+# Copied from init.hf_dir into the workdir, settings first and models last: a half-finished
+# copy has no model file and is copied again. config.json names the special ids (as
+# HFTokenizer.from_dir reads them) when no tokenizer_config.json does.
+_HF_TOKENIZER_FILES = ('config.json', 'special_tokens_map.json', 'tokenizer_config.json',
+                       'spiece.model', 'tokenizer.json')
+# Model fields that change how a model trains or runs, not its parameters: the fine-tuning
+# config's own; every other field is the pretrained model's.
+RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype', 'param_dtype', 'remat_policy',
+                  'scan_layers', 'attention_implementation')
+# Fields a model config derives from others (head_dim from emb_dim, ...) or that the workflow
+# sets (max_len from data.max_len: relative positions have no table), and `decode`.
+_NOT_COMPARED = ('head_dim', 'num_kv_heads', 'source_vocab_size', 'max_len', 'decode')
+# The switches that make an encoder-decoder a T5 (convert/hf_t5.py exports exactly these).
+_T5_SWITCHES = ('norm_type', 'norm_position', 'position', 'use_bias', 'scale_embeddings',
+                'share_embeddings', 'scale_attention_scores')
+
+
+def init_source(config) -> tuple[str, str]:
+  """(WORKDIR or HF_DIR, path) of the pretrained T5 a run starts from; ('', '') for none
+  (also for configs saved before config.init existed)."""
+  init = config.get('init', None) or {}
+  workdir, hf_dir = str(init.get('workdir', '') or ''), str(init.get('hf_dir', '') or '')
+  if workdir and hf_dir:
+    raise ConfigError(f'init.workdir={workdir} and init.hf_dir={hf_dir} are both set: a '
+                      'fine-tuning run starts from one pretrained T5; clear one of them')
+  return (WORKDIR, workdir) if workdir else (HF_DIR, hf_dir) if hf_dir else ('', '')
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """What a fine-tuning run takes from its init source: the tokenizer files to copy into the
+  workdir (name -> bytes) and the params (host arrays, either layer layout; None when the run
+  resumes, loaded again by `pretrained_params` should it start from step 0 after all)."""
+  kind: str
+  path: str
+  files: dict
+  params: dict | None = None
+
+
+def _checkpoint_steps(workdir: str) -> list[int]:
+  """Committed checkpoint steps in WORKDIR/checkpoints (orbax names them by step; steps being
+  written have a temporary name), read without creating anything."""
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def _copy(config):
+  """An unlocked deep copy of `config` (the command line's is locked), free to take new keys."""
+  import ml_collections
+  return ml_collections.ConfigDict(config.copy_and_resolve_references().to_dict())
+
+
+def _model_section(cfg: TransformerConfig, runtime) -> dict:
+  """config.model for `cfg` (every field, dtypes by name), `runtime` fields replacing its own."""
+  import numpy as np
+  values = {
+      f.name: getattr(cfg, f.name)
+      for f in dataclasses.fields(cfg)
+      if f.name not in ('max_len', 'decode', 'source_vocab_size')
+  }
+  values.update(dtype=np.dtype(cfg.dtype).name, param_dtype=np.dtype(cfg.param_dtype).name)
+  values.update({k: runtime[k] for k in RUNTIME_FIELDS if k in runtime})
+  return values
+
+
+def _check_same_model(config, reference, vocab_size: int, where: str):
+  """ConfigError naming every field where config.model describes other parameters than
+  `reference` (a model section) for the same vocabulary, with the flags that fix it."""
+  sized = lambda section: model_config_from_dict(section, vocab_size=vocab_size, max_len=config.data
+                                                 .max_len)
+  mine, theirs = sized(config.model), sized(reference)
+  differ = {
+      f.name: (getattr(mine, f.name), getattr(theirs, f.name))
+      for f in dataclasses.fields(mine)
+      if f.name not in RUNTIME_FIELDS + _NOT_COMPARED
+  }
+  differ = {k: v for k, v in differ.items() if v[0] != v[1]}
+  if not differ:
+    derived = [k for k in ('head_dim', 'num_kv_heads') if getattr(mine, k) != getattr(theirs, k)]
+    differ = {k: (getattr(mine, k), getattr(theirs, k)) for k in derived}
+  if differ:
+    named = ', '.join(f'model.{k}={a!r} ({b!r} there)' for k, (a, b) in differ.items())
+    flags = ' '.join(f'--config.model.{k}={b}' for k, (_, b) in differ.items())
+    raise ConfigError(f'{named}: the fine-tuned model must have the parameters of {where}; '
+                      f'pass {flags}')
+
+
+def _not_t5(cfg: TransformerConfig) -> dict:
+  """The switches of `cfg` that differ from T5's (an encoder and a decoder included)."""
+  from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE
+  wrong = {k: getattr(cfg, k) for k in _T5_SWITCHES if getattr(cfg, k) != T5_V1_0_ARCHITECTURE[k]}
+  if not cfg.num_encoder_layers or not cfg.num_decoder_layers:
+    wrong.update(num_encoder_layers=cfg.num_encoder_layers,
+                 num_decoder_layers=cfg.num_decoder_layers)
+  return wrong
+
+
+def _pretrained_workdir_config(path: str):
+  """The saved config of init.workdir `path` after checking that it holds a T5 of this
+  workflow with a joint SentencePiece model and a checkpoint (reading config files only)."""
+  from transformer_jax.cli.workdir import load_saved_config
+  if not os.path.isdir(path):
+    raise ConfigError(f'init.workdir {path} does not exist: give the workdir of a span-corruption '
+                      'run (experiments/configs/t5_span_corruption.py)')
+  if not os.path.isfile(os.path.join(path, 'config.json')):
+    raise ConfigError(f'init.workdir {path} has no config.json: it is not a trained workdir of '
+                      'experiments.translate')
+  saved = load_saved_config(path)
+  if not all(k in saved for k in ('model', 'tokenizer', 'data')) or 'joint' not in saved.tokenizer:
+    raise ConfigError(f'init.workdir {path} was not trained by experiments.translate (its config '
+                      'has no model, tokenizer and data sections of that workflow)')
+  vocab = int(saved.tokenizer.vocab_size) + num_sentinels(saved)
+  wrong = _not_t5(model_config_from_dict(saved.model, vocab_size=vocab))
+  if wrong:
+    raise ConfigError(f'init.workdir {path} is not a T5: its model has '
+                      f'{", ".join(f"{k}={v!r}" for k, v in wrong.items())}; fine-tuning starts '
+                      'from a T5 (e.g. a t5_span_corruption.py run)')
+  if not saved.tokenizer.joint or not os.path.isfile(os.path.join(path, SPM_MODEL)):
+    raise ConfigError(f'init.workdir {path} has no {SPM_MODEL} (one SentencePiece model for '
+                      'inputs and targets, as span corruption trains): nothing to tokenize with')
+  if not _checkpoint_steps(path):
+    raise ConfigError(f'init.workdir {path} has no checkpoint: train it first')
+  return saved
+
+
+def _hf_model_config(path: str) -> TransformerConfig:
+  """The model init.hf_dir's config.json describes (ConfigError unless it is a T5)."""
+  from transformer_jax.convert import hf_t5
+  if not os.path.isdir(path):
+    raise ConfigError(f'init.hf_dir {path} does not exist: give a Hugging Face T5 directory '
+                      '(config.json, model.safetensors, tokenizer.json or spiece.model)')
+  config_path = os.path.join(path, 'config.json')
+  if not os.path.isfile(config_path):
+    raise ConfigError(f'init.hf_dir {path} has no config.json: not a Hugging Face T5 directory')
+  try:
+    with open(config_path, encoding='utf-8') as f:
+      hf_config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f'cannot read {config_path}: {e}') from None
+  if not isinstance(hf_config, dict) or hf_config.get('model_type') != 't5':
+    found = hf_config.get('model_type') if isinstance(hf_config, dict) else None
+    raise ConfigError(f'init.hf_dir {path} is not a T5: config.json has model_type={found!r}, '
+                      "fine-tuning needs 't5' (a T5ForConditionalGeneration checkpoint)")
+  return hf_t5.t5_config_from_hf(hf_config)
+
+
+def _with_workdir_source(config, saved, vocab_size: int):
+  """`config` taking init.workdir's tokenizer section (its spm.model and sentinels), once
+  config.model is checked to describe the same parameters as `saved`'s."""
+  _check_same_model(config, saved.model, vocab_size, f'init.workdir {config.init.workdir}')
+  config = _copy(config)
+  config.tokenizer = _copy(saved.tokenizer)
+  config.tokenizer.vocab_size = vocab_size - num_sentinels(saved)  # spm.model's own size
+  return config
+
+
+def _with_hf_source(config, cfg: TransformerConfig, tokenizer_size: int):
+  """`config` whose model section is the HF checkpoint's `cfg` (config.model's RUNTIME_FIELDS
+  kept) and whose tokenizer section describes its tokenizer (sentinels already in it)."""
+  import ml_collections
+  runtime = dict(config.model)
+  config = _copy(config)
+  config.model = ml_collections.ConfigDict(_model_section(cfg, runtime))
+  config.tokenizer.update(dict(vocab_size=int(tokenizer_size), num_sentinels=0, joint=True))
+  return config
+
+
+def init_config(config, workdir: str, model_config, restore):
+  """(the run's config, Pretrained) for a config with init.*: the pretrained model's tokenizer
+  and model sections in the config, its tokenizer files and params loaded and checked.
+  Everything is read and checked here and nothing is written, so bad input leaves the
+  workdir untouched. `model_config` and `restore` are the workflow's `model_config` and
+  `restore_for_inference` (the fine-tuned model; init.workdir's params).
+
+  A workdir with a checkpoint resumes: its saved config has the resolved sections (config.model
+  gives only the RUNTIME_FIELDS and, for init.workdir, must still agree), and nothing of the
+  init source is read.
+  """
+  kind, path = init_source(config)
+  if _checkpoint_steps(workdir):
+    return resumed_config(config, workdir), Pretrained(kind, path, {})
+  if kind == WORKDIR:
+    saved = _pretrained_workdir_config(path)
+    base = tok.Tokenizer.from_file(os.path.join(path, SPM_MODEL))
+    vocab = base.vocab_size + num_sentinels(saved)
+    config = _with_workdir_source(config, saved, vocab)
+    with open(os.path.join(path, SPM_MODEL), 'rb') as f:
+      files = {SPM_MODEL: f.read()}
+    params = _workdir_params(saved, path, restore)
+  else:
+    from transformer_jax.convert import hf_t5
+    declared = _hf_model_config(path)
+    tokenizer = load_hf_t5_tokenizer(path)
+    if tokenizer.vocab_size > declared.vocab_size:
+      raise ConfigError(f'the tokenizer of init.hf_dir {path} has {tokenizer.vocab_size} ids but '
+                        f'the model\'s embedding has {declared.vocab_size} rows (vocab_size in '
+                        'config.json): the tokenizer does not belong to this checkpoint')
+    cfg, params = hf_t5.load_hf_t5(path)
+    config = _with_hf_source(config, cfg, tokenizer.vocab_size)
+    files = {}
+    for name in _HF_TOKENIZER_FILES:
+      if os.path.isfile(os.path.join(path, name)):
+        with open(os.path.join(path, name), 'rb') as f:
+          files[name] = f.read()
+  vocab = requested_vocab_size(config)  # the tokenizer's size, no file read
+  _check_fits(model_config(config, vocab, vocab), params, kind, path)
+  logging.info('fine-tuning from init.%s %s: %s', kind, path,
+               ', '.join(f'{k}={v}' for k, v in sorted(dict(config.model).items())))
+  return config, Pretrained(kind, path, files, params)
+
+
+def resumed_config(config, workdir: str):
+  """`config` with the model and tokenizer sections a fine-tuning workdir saved (the first
+  run resolved them); config.model's RUNTIME_FIELDS still apply."""
+  from transformer_jax.cli.workdir import load_saved_config
+  saved = load_saved_config(workdir)
+  if init_source(config) != init_source(saved):
+    logging.warning(
+        'init.%s=%s is not read: %s resumes from its checkpoints (an init applies at '
+        'step 0 only)', *init_source(config), workdir)
+  if init_source(config)[0] == WORKDIR:
+    _check_same_model(config, saved.model, requested_vocab_size(saved), f'{workdir} (resumed)')
+  runtime = {k: v for k, v in dict(config.model).items() if k in RUNTIME_FIELDS}
+  config = _copy(config)
+  config.model = _copy(saved.model)
+  config.model.update(runtime)
+  config.tokenizer = _copy(saved.tokenizer)
+  return config
+
+
+def _workdir_params(saved, path: str, restore) -> dict:
+  """init.workdir's latest params as host arrays, read by the workflow's `restore` (its
+  restore_for_inference; the trainer writes nothing to the workdir)."""
+  import jax
+  _, trainer, params = restore(saved, path)
+  params = jax.device_get(params)
+  trainer.close()
+  return params
+
+
+def _check_fits(model_cfg: TransformerConfig, params, kind: str, path: str):
+  """ConfigError unless `params` are exactly those of `model_cfg` (the fine-tuned model): the
+  same tree and shapes, so that none is left at its random initialisation (checked by tracing,
+  nothing computed)."""
+  import flax
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from transformer_jax.layers import scan_layout
+  from transformer_jax.models import EncoderDecoder
+  cfg = model_cfg.replace(scan_layers=False)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  shapes = jax.eval_shape(EncoderDecoder(cfg).init, jax.random.key(0), dummy, dummy)
+  want = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(shapes['params']))
+  have = flax.traverse_util.flatten_dict(scan_layout.unstack_layers(params))
+  for name in sorted(set(want) | set(have)):
+    shown = '/'.join(name)
+    if name not in have:
+      raise ConfigError(f'init.{kind} {path} has no parameter {shown}, which the model needs')
+    if name not in want:
+      raise ConfigError(f'init.{kind} {path} has parameter {shown}, which the model lacks')
+    if tuple(np.shape(have[name])) != tuple(want[name].shape):
+      raise ConfigError(f'init.{kind} {path} has {shown} of shape {tuple(np.shape(have[name]))} '
+                        f'but the model needs {tuple(want[name].shape)}')
+
+
+def write_init_tokenizer(workdir: str, pretrained: Pretrained):
+  """Copies the pretrained model's tokenizer files into the workdir (each atomically, the model
+  file last), so that inference and resumed runs read them from there."""
+  if not pretrained.files:
+    return
+  directory = workdir if pretrained.kind == WORKDIR else os.path.join(workdir, HF_TOKENIZER_DIR)
+  if pretrained.kind == HF_DIR and os.path.isdir(directory):
+    for name in _HF_TOKENIZER_FILES:  # a stale copy from another init.hf_dir
+      if name not in pretrained.files and os.path.isfile(os.path.join(directory, name)):
+        os.remove(os.path.join(directory, name))
+  for name, data in pretrained.files.items():
+    write_atomically(os.path.join(directory, name), data)
+
+
+def pretrained_params(pretrained: Pretrained, scan_layers: bool, restore) -> dict:
+  """The pretrained params in the model's layer layout (read again if the run resumed;
+  init.workdir's with the workflow's `restore`, as in `init_config`)."""
+  from transformer_jax.layers import scan_layout
+  params = pretrained.params
+  if params is None:  # resumed, but the checkpoints proved unreadable: step 0 after all
+    if pretrained.kind == WORKDIR:
+      params = _workdir_params(_pretrained_workdir_config(pretrained.path), pretrained.path,
+                               restore)
+    else:
+      from transformer_jax.convert import hf_t5
+      params = hf_t5.load_hf_t5(pretrained.path)[1]
+  return scan_layout.for_layout(params, scan_layers)
+
+
+def start_state(trainer, train_data, pretrained: Pretrained, restore):
+  """The trainer's state: restored from the workdir's checkpoint, or at step 0 the fresh one
+  with every param replaced by the pretrained model's (as BERT fine-tuning starts); `restore`
+  as in `pretrained_params`."""
+  import jax
+  from transformer_jax.workflows.bert import overlay_params
+  state = trainer.init_or_restore(train_data)
+  if int(jax.device_get(state.step)) == 0:
+    state = overlay_params(state,
+                           pretrained_params(pretrained, trainer.task.cfg.scan_layers, restore))
+  return state
+
+
+def planned_config(config):
+  """`config` with the model and tokenizer sections of its init source's config file (the
+  planner's view: neither weights nor tokenizer are read); unchanged without init.*."""
+  kind, path = init_source(config)
+  if kind == WORKDIR:
+    from transformer_jax.cli.workdir import load_saved_config
+    saved = load_saved_config(path)
+    return _with_workdir_source(config, saved, requested_vocab_size(saved))
+  if kind == HF_DIR:
+    cfg = _hf_model_config(path)
+    return _with_hf_source(config, cfg, cfg.vocab_size)
+  return config
