@@ -12,9 +12,23 @@ config.json's model_type; its weights are imported (transformer_jax.convert.hf_a
 tokenizer read with transformer_jax.data.hf_tokenizer. Pass exactly one of the two.
 
 Prints prompt + continuation on stdout (logs go to stderr); a continuation stops at the model's
-EOS. The prompt is fed after the token the model starts documents with (EOS, GPT-2's
-'<|endoftext|>', or LLaMA's BOS), and at most the model's context (max_len) is read. The same
---seed gives the same text; --temperature=0 is greedy.
+EOS. A single prompt and sample is streamed: each token is printed (and flushed) as soon as it is
+drawn, through one jitted decode step per token (`LanguageModelTask.generate_stream`: the same
+tokens as the one-shot sampler for the same seed); --stream=false prints it all at the end.
+
+  python -m experiments.generate --workdir=/tmp/sc --prompts_file=prompts.txt \
+      --output_format=jsonl --temperature=0
+
+--prompts_file: one prompt per line (a line is a prompt, an empty one too), generated in batches:
+the prompts of one token length form one batch. The KV cache has one write index shared by all
+rows and positions are absolute, so left-padding shorter prompts would shift their positions and
+leave pad keys in the cache that the cached attention cannot mask; grouping by length gives every
+prompt exactly what it gets alone. Outputs come in file order. --output_format=jsonl writes one
+{"prompt", "completion"} object per line (also for --prompt).
+
+The prompt is fed after the token the model starts documents with (EOS, GPT-2's '<|endoftext|>',
+or LLaMA's BOS), and at most the model's context (max_len) is read. The same --seed gives the
+same text; --temperature=0 is greedy.
 """
 
 from transformer_jax.cli import process
@@ -22,6 +36,7 @@ from transformer_jax.cli import process
 if __name__ == '__main__':
   process.setup_allocator()
 
+import json
 import os
 import sys
 
@@ -42,34 +57,87 @@ _TOP_K = flags.DEFINE_integer('top_k', 200, 'Keep the k most likely tokens; 0 = 
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus: smallest set with this mass; 1 = all.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed: the same seed gives the same text.')
 _NUM_SAMPLES = flags.DEFINE_integer('num_samples', 1, 'Independent samples of the prompt.')
+_PROMPTS_FILE = flags.DEFINE_string('prompts_file', None,
+                                    'A UTF-8 file of prompts, one per line, instead of --prompt.')
+_OUTPUT_FORMAT = flags.DEFINE_enum(
+    'output_format', 'text', ['text', 'jsonl'],
+    'text: prompt + continuation; jsonl: one JSON object '
+    '{"prompt", "completion"} per line.')
+_STREAM = flags.DEFINE_boolean(
+    'stream', True, 'Print the tokens of a single prompt and sample '
+    'as they are drawn; false: all at the end.')
 
 
 def load_hf_model(directory: str):
-  """(task, tokenizer, params) of the HF causal LM in `directory`, the task's EOS the
-  tokenizer's."""
-  from transformer_jax.convert import hf_auto
-  from transformer_jax.data.hf_tokenizer import HFTokenizer
-  from transformer_jax.tasks.lm import LanguageModelTask
-  directory = os.path.abspath(os.path.expanduser(directory))
-  if not os.path.isdir(directory):
-    raise ConfigError(f'--hf_dir {directory} does not exist: a Hugging Face model folder')
-  hf_auto.causal_lm_family(directory)  # refuse another kind of model before reading anything
-  tokenizer = HFTokenizer.from_dir(directory)
-  family, cfg, params = hf_auto.load_hf_causal_lm(directory)
-  # Ids past the embedding would index out of it (jnp.take clamps: silently wrong tokens). A
-  # smaller tokenizer is fine: models often round their embedding up.
-  if tokenizer.vocab_size > cfg.vocab_size:
-    raise ConfigError(f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens but the '
-                      f'{family} model\'s embedding has {cfg.vocab_size} rows; use the tokenizer '
-                      'the model was trained with')
-  task = LanguageModelTask(cfg, tokenizer=tokenizer, eos_id=tokenizer.eos_id)
-  return task, tokenizer, params
+  """(task, tokenizer, params) of the HF causal LM in `directory` (`workflows.lm.load_hf_model`)."""
+  from transformer_jax.workflows import lm
+  return lm.load_hf_model(directory)
 
 
 def until_eos(row, eos_id: int | None) -> list[int]:
   """The ids of `row` before its first EOS (generation pads the rest)."""
   row = [int(i) for i in row]
   return row[:row.index(eos_id)] if eos_id is not None and eos_id in row else row
+
+
+def read_prompts(path: str) -> list[str]:
+  """The lines of `path` (without their newlines); a one-line error if there are none."""
+  from transformer_jax.data import lm as lm_data
+  text = lm_data.read_text(path)
+  prompts = text.split('\n')
+  if prompts and prompts[-1] == '':
+    prompts.pop()  # the file's final newline ends the last line, it starts no prompt
+  if not prompts:
+    raise ConfigError(f'--prompts_file {path} has no lines: one prompt per line')
+  return prompts
+
+
+def generate_batch(task, tokenizer, params, prompts: list[str], max_new_tokens: int, rng, *,
+                   source: str | None = None, **sampling) -> list[str]:
+  """The completion of every prompt, in order; prompts of one token length share a batch.
+
+  `source` (the prompts file) names the line of a prompt that cannot be encoded."""
+  import numpy as np
+  from transformer_jax.data import lm as lm_data
+  from transformer_jax.errors import DataError
+  ids = []
+  for line, prompt in enumerate(prompts, 1):
+    try:
+      ids.append(lm_data.prompt_ids(tokenizer, prompt))
+    except DataError as error:
+      where = f'{source}:{line}: ' if source else ''
+      raise DataError(f'{where}{error}') from None
+  groups: dict[int, list[int]] = {}
+  for i, row in enumerate(ids):
+    groups.setdefault(len(row), []).append(i)
+  completions = [''] * len(prompts)
+  for indices in groups.values():
+    tokens = task.generate(params, np.asarray([ids[i] for i in indices], np.int32), max_new_tokens,
+                           rng, **sampling)
+    for i, row in zip(indices, tokens):
+      completions[i] = tokenizer.decode(until_eos(row, task.eos_id))
+  return completions
+
+
+def stream_one(task, tokenizer, params, prompt: str, max_new_tokens: int, rng, **sampling):
+  """Writes `prompt`, then each piece of text as its token is drawn, flushing every time."""
+  import numpy as np
+  from transformer_jax.data import lm as lm_data
+  ids = lm_data.prompt_ids(tokenizer, prompt)
+  sys.stdout.write(prompt)
+  sys.stdout.flush()
+  decoder = lm_data.IncrementalDecoder(tokenizer)
+  for column in task.generate_stream(params, np.asarray([ids], np.int32), max_new_tokens, rng,
+                                     **sampling):
+    token = int(column[0])
+    if task.eos_id is not None and token == task.eos_id:
+      break
+    piece = decoder.push(token)
+    if piece:
+      sys.stdout.write(piece)
+      sys.stdout.flush()
+  sys.stdout.write(decoder.finish() + '\n')
+  sys.stdout.flush()
 
 
 def main(argv):
@@ -79,12 +147,17 @@ def main(argv):
     raise ConfigError('need --temperature >= 0, 0 < --top_p <= 1 and --top_k >= 0')
   if _NUM_SAMPLES.value < 1:
     raise ConfigError('--num_samples must be positive')
+  if _MAX_NEW.value < 1:
+    raise ConfigError('--max_new_tokens must be positive')
   if bool(_WORKDIR.value) == bool(_HF_DIR.value):
     raise ConfigError('pass exactly one of --workdir (a directory trained by experiments.lm) and '
                       '--hf_dir (a Hugging Face model folder)')
+  if _PROMPTS_FILE.value and _NUM_SAMPLES.value > 1:
+    raise ConfigError('--num_samples applies to --prompt; with --prompts_file, repeat a line to '
+                      'sample it again')
+  prompts = read_prompts(
+      _PROMPTS_FILE.value) if _PROMPTS_FILE.value else [_PROMPT.value] * _NUM_SAMPLES.value
   import jax
-  import numpy as np
-  from transformer_jax.data import lm as lm_data
   from transformer_jax.workflows import lm
 
   trainer = None
@@ -95,18 +168,28 @@ def main(argv):
     if not os.path.isdir(workdir):  # do not create it: there is nothing to sample from
       raise ConfigError(f'--workdir {workdir} does not exist: train it with experiments.lm first')
     config = load_saved_config(workdir)
+    lm.check_lm_workdir(config, workdir)
     task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
-  prompt = lm_data.prompt_ids(tokenizer, _PROMPT.value)
-  tokens = task.generate(params, np.asarray([prompt] * _NUM_SAMPLES.value,
-                                            np.int32), _MAX_NEW.value, jax.random.key(_SEED.value),
-                         temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-  if trainer is not None:
-    trainer.close()
-  for i, row in enumerate(tokens):
-    if i:
-      sys.stdout.write('\n' + '-' * 40 + '\n')
-    sys.stdout.write(_PROMPT.value + tokenizer.decode(until_eos(row, task.eos_id)))
-  sys.stdout.write('\n')
+  rng = jax.random.key(_SEED.value)
+  sampling = dict(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
+  try:
+    if len(prompts) == 1 and _STREAM.value and _OUTPUT_FORMAT.value == 'text':
+      stream_one(task, tokenizer, params, prompts[0], _MAX_NEW.value, rng, **sampling)
+      return
+    completions = generate_batch(task, tokenizer, params, prompts, _MAX_NEW.value, rng,
+                                 source=_PROMPTS_FILE.value, **sampling)
+  finally:
+    if trainer is not None:
+      trainer.close()
+  if _OUTPUT_FORMAT.value == 'jsonl':
+    for prompt, completion in zip(prompts, completions):
+      sys.stdout.write(json.dumps({'prompt': prompt, 'completion': completion}) + '\n')
+  else:
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+      if i:
+        sys.stdout.write('\n' + '-' * 40 + '\n')
+      sys.stdout.write(prompt + completion)
+    sys.stdout.write('\n')
   sys.stdout.flush()
 
 

@@ -68,7 +68,7 @@ def pretrain_config() -> ml_collections.ConfigDict:
 
 
 def finetune_config() -> ml_collections.ConfigDict:
-  """Sentence classification from a pretrained BERT (GLUE-style recipe)."""
+  """Sentence (or sentence-pair) classification from a pretrained BERT (GLUE-style recipe)."""
   config = base_config()
   config.mode = 'finetune'
   config.init = ml_collections.ConfigDict()
@@ -83,6 +83,17 @@ def finetune_config() -> ml_collections.ConfigDict:
   config.data.max_len = 64
   config.data.batch_size = 32
   config.data.max_train_examples = 0  # 0 = all
+  # TSV columns (header names or 0-based positions): () = the one column named sentence,
+  # content or text; two columns = sentence pairs (segment ids 0 and 1), e.g. ('sentence1',
+  # 'sentence2') for RTE. label_column '' = the column named 'label'.
+  config.data.text_columns = ()
+  config.data.label_column = ''
+  # Class names, index = label id: printed by --mode=predict, and how TSV labels given as names
+  # (MNLI's 'entailment') map to ids. () = '0', '1', ...
+  config.data.label_names = ()
+  config.data.train_file = 'train.tsv'
+  config.data.dev_file = 'dev.tsv'
+  config.data.test = ''  # --mode=evaluate: a labelled TSV in the training files' format
   # Overrides of the pretrained model's config (dropout while fine-tuning).
   config.model = ml_collections.ConfigDict(
       dict(dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32', remat_policy='none',

@@ -240,3 +240,74 @@ def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batch
   rng = np.random.default_rng(seed)
   starts = rng.integers(0, len(tokens) - block_size, size=(num_batches, batch_size))
   return [_windows(tokens, row, block_size) for row in starts]
+
+
+# -- evaluation over a whole file ----------------------------------------------------------------
+
+
+def sliding_windows(tokens: np.ndarray, window: int, stride: int) -> Batch:
+  """Every next-token prediction of `tokens` exactly once, in windows of a fixed shape.
+
+  Returns {'inputs', 'targets', 'weights'} of shape [num_windows, window]. Window k reads
+  tokens[k * stride : k * stride + window] and predicts the token after each; the first
+  window scores all its predictions, every later one only its last `stride` (the ones no
+  earlier window scored), so each token from the second on is scored once, with at least
+  window - stride + 1 tokens of left context (all of it in the first window). The last
+  window is padded with id 0 where the stream ends, at weight 0: a causal model's
+  predictions do not depend on what follows them, so the pad changes nothing scored.
+  """
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 1:
+    raise DataError(f'tokens must be one stream (1-D), got shape {tokens.shape}')
+  if not 1 <= stride <= window:
+    raise DataError(f'the stride must be in [1, window = {window}], got {stride}')
+  num_targets = len(tokens) - 1
+  if num_targets < 1:
+    raise DataError(f'the text has {len(tokens)} token(s): at least 2 are needed to score one')
+  num_windows = 1 + -(-max(0, num_targets - window) // stride)  # ceil division
+  starts = np.arange(num_windows) * stride
+  offsets = starts[:, None] + np.arange(window)  # index of each input token
+  valid = offsets < num_targets  # its target, offsets + 1, is inside the stream
+  padded = np.concatenate([tokens, np.zeros(window + 1, tokens.dtype)]).astype(np.int32)
+  inputs = np.where(valid, padded[offsets], 0)
+  targets = np.where(valid, padded[offsets + 1], 0)
+  scored = np.ones_like(valid)
+  scored[1:, :window - stride] = False  # an earlier window scored these
+  return {'inputs': inputs, 'targets': targets, 'weights': (valid & scored).astype(np.float32)}
+
+
+class IncrementalDecoder:
+  """Text of a growing list of token ids, piece by piece, for printing tokens as they come.
+
+  Decoding one token at a time would cut a multi-byte character split over byte-level BPE
+  tokens into replacement characters, and lose SentencePiece's word-initial spaces. So the
+  whole list is decoded each time and only the new, settled end of it is returned; text
+  ending in U+FFFD (an incomplete UTF-8 sequence) waits for the next token. The pieces join
+  to tokenizer.decode(all ids).
+  """
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.ids: list[int] = []
+    self.emitted = ''
+
+  def _take(self, text: str) -> str:
+    if not text.startswith(self.emitted):
+      # An earlier piece changed (a tokenizer that merges across tokens): print nothing now,
+      # the rest comes when the text agrees again or at `finish`.
+      return ''
+    piece = text[len(self.emitted):]
+    self.emitted = text
+    return piece
+
+  def push(self, token: int) -> str:
+    """The new text that token `token` settles ('' while a character is incomplete)."""
+    self.ids.append(int(token))
+    return self._take(self.tokenizer.decode(self.ids).rstrip('\ufffd'))
+
+  def finish(self) -> str:
+    """What is left to print once no more tokens come."""
+    text = self.tokenizer.decode(self.ids)
+    if text.startswith(self.emitted):
+      return self._take(text)
+    return ''  # cannot unprint; the printed text already differs (see _take)

@@ -9,6 +9,7 @@ classification heads.
                        positions)
            sentence    2-way on the pooled vector (next-sentence or sentence-order prediction)
            classifier  dropout -> dense on the pooled vector (fine-tuning)
+           token       dropout -> dense on every position's hidden vector (tagging)
 
 The encoder is the translation encoder's `TransformerStack` (bidirectional, padding-masked); the
 switches in `bert_config` make it BERT's (Devlin et al. 2019). E = D for BERT and RoBERTa.
@@ -99,12 +100,15 @@ class Bert(nn.Module):
     mlm: build the masked-LM head.
     sentence_classes: > 0 builds the 2-way NSP/SOP head on the pooled vector.
     num_labels: > 0 builds a sequence-classification head on the pooled vector.
+    num_token_labels: > 0 builds a per-token classification head on the final hidden states
+      (logits [B, T, num_token_labels], e.g. CoNLL tagging).
   """
   cfg: TransformerConfig
   type_vocab_size: int = 2
   mlm: bool = True
   sentence_classes: int = 2
   num_labels: int = 0
+  num_token_labels: int = 0
 
   def setup(self):
     cfg = self.cfg
@@ -137,6 +141,10 @@ class Bert(nn.Module):
     if self.num_labels:
       self.classifier_dropout = nn.Dropout(cfg.dropout_rate)
       self.classifier = _dense(cfg, self.num_labels, ('embed', None), 'classifier')
+    if self.num_token_labels:
+      self.token_classifier_dropout = nn.Dropout(cfg.dropout_rate)
+      self.token_classifier = _dense(cfg, self.num_token_labels, ('embed', None),
+                                     'token_classifier')
 
   def encode(self, tokens, segments=None, valid=None, *, deterministic: bool = True):
     """(hidden [B, T, D], pooled [B, D]). `valid` [B, T] marks real tokens (default != PAD)."""
@@ -178,7 +186,8 @@ class Bert(nn.Module):
   def __call__(self, tokens, segments=None, *, valid=None, mlm_positions=None,
                deterministic: bool = True) -> dict[str, jax.Array]:
     """{'hidden', 'pooled'} plus, for the built heads, 'mlm_logits' (when `mlm_positions` is
-    given), 'sentence_logits' and 'class_logits' ([B, classes], float32)."""
+    given), 'sentence_logits' and 'class_logits' ([B, classes], float32) and 'token_logits'
+    ([B, T, token labels], float32)."""
     return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=True)
 
   def features(self, tokens, segments=None, *, valid=None, mlm_positions=None,
@@ -203,4 +212,8 @@ class Bert(nn.Module):
     if self.num_labels:
       x = self.classifier_dropout(pooled, deterministic=deterministic)
       out['class_logits'] = self.classifier(x).astype(jnp.float32)
+    if self.num_token_labels:
+      x = self.token_classifier_dropout(hidden, deterministic=deterministic)
+      logits = self.token_classifier(x).astype(jnp.float32)
+      out['token_logits'] = nn.with_logical_constraint(logits, ('batch', 'length', None))
     return out

@@ -5,7 +5,9 @@ each new token costs one position's work instead of a pass over the whole prefix
 with a position table (learned or sinusoidal) has seen only positions < max_len, so the
 cache never holds more than max_len tokens: a longer generation continues in segments that
 re-read the last max_len // 2 tokens into a fresh cache (nanoGPT instead recomputes the
-last max_len tokens for every new one). See `LanguageModelTask.generate`.
+last max_len tokens for every new one). See `LanguageModelTask.generate`;
+`generate_stream` yields the same tokens one at a time (for printing them as they come), and
+`score_windows` sums the next-token loss of a file's sliding windows (perplexity).
 """
 
 import time
@@ -50,6 +52,11 @@ class LanguageModelTask:
     # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
     self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'),
                                compiler_options=search.decode_compiler_options())
+    # Streaming: the same segments, one jitted call per token (see `generate_stream`).
+    self._prefill_fn = jax.jit(self._prefill, static_argnames=('cache_len',))
+    self._step_fn = jax.jit(self._decode_step, static_argnames=('eos_id',),
+                            compiler_options=search.decode_compiler_options())
+    self._score_fn = jax.jit(self._score_windows)
 
   # -- training -------------------------------------------------------------------------------
 
@@ -149,6 +156,124 @@ class LanguageModelTask:
       after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0  # an EOS strictly before
       out = np.where(after_eos, PAD_ID, out)
     return out
+
+  # -- streaming generation -------------------------------------------------------------------
+
+  def _run_decode(self, params, cache, tokens):
+    logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
+                                              mutable=['cache'])
+    return logits, updated['cache']
+
+  def _prefill(self, params, context, *, cache_len: int):
+    """A cache of `cache_len` slots holding all but the last token of `context` [B, L], as
+    `_sample_segment` builds it."""
+    cache = empty_cache(self.decode_model, jnp.zeros((context.shape[0], cache_len), jnp.int32))
+    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
+    if context.shape[1] > 1:
+      _, cache = self._run_decode(params, cache, context[:, :-1])
+    return cache
+
+  def _decode_step(self, params, cache, tokens, finished, rng, step, temperature, top_k, top_p, *,
+                   eos_id: int | None):
+    """One step of `search.sample`'s loop: feed `tokens` [B], pick the next ones with the same
+    rule and key (fold_in(rng, step)); finished rows give PAD. Returns (next, finished, cache)."""
+    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
+    logits, cache = self._run_decode(params, cache, tokens[:, None])
+    logits = logits[:, -1, :].astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1)
+    scaled = logits / jnp.maximum(temperature, 1e-6)
+    drawn = jax.random.categorical(jax.random.fold_in(rng, step),
+                                   search.filter_logits(scaled, top_k, top_p), axis=-1)
+    chosen = jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    chosen = jnp.where(finished, PAD_ID, chosen)
+    if eos_id is not None:
+      finished = finished | (chosen == eos_id)
+    return chosen, finished, cache
+
+  def generate_stream(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                      eos_id: int | None = None):
+    """Yields int32[B] per new token: the tokens `generate` returns, column by column.
+
+    The same segments, cache sizes, sampling rule and keys as `generate` (the same rng gives
+    the same tokens), but each token comes back to the host as soon as it is drawn, so a
+    caller can print it. A row is PAD after its EOS; the generator stops once every row has
+    ended or after `max_new_tokens`.
+    """
+    if max_new_tokens < 1:
+      raise ConfigError(f'max_new_tokens must be positive, got {max_new_tokens}')
+    eos_id = self.eos_id if eos_id is None else eos_id
+    prompt = np.asarray(prompt_tokens, np.int32)
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+      raise ConfigError(f'prompt tokens must be [batch, length >= 1], got shape {prompt.shape}')
+    max_len = self.cfg.max_len
+    keep = max(1, max_len // 2)
+    knobs = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+    tokens = prompt[:, -max_len:]
+    ended = np.zeros(prompt.shape[0], bool)  # rows past their EOS, over all segments
+    produced, segment = 0, 0
+    with nn.logical_axis_rules(()):
+      while produced < max_new_tokens:
+        context = tokens if segment == 0 else tokens[:, -keep:]
+        num_new = max_len + 1 - context.shape[1]  # the schedule of `generate`
+        if segment == 0:
+          num_new = min(num_new, max_new_tokens)
+        cache = self._prefill_fn(params, jnp.asarray(context),
+                                 cache_len=context.shape[1] + num_new - 1)
+        feed = jnp.asarray(context[:, -1])
+        finished = jnp.zeros(prompt.shape[0], jnp.bool_)  # `search.sample`'s, per segment
+        seg_rng = jax.random.fold_in(rng, segment)
+        new = []
+        for step in range(num_new):
+          if produced == max_new_tokens or bool(np.all(ended)):
+            return
+          feed, finished, cache = self._step_fn(params, cache, feed, finished, seg_rng,
+                                                jnp.int32(step), *knobs, eos_id=eos_id)
+          column = np.asarray(jax.device_get(feed))
+          new.append(column)
+          out = np.where(ended, PAD_ID, column)
+          if eos_id is not None:
+            ended |= column == eos_id
+          produced += 1
+          yield out
+          if bool(jax.device_get(jnp.all(finished))):  # `search.sample` stops here
+            break
+        tokens = np.concatenate([tokens, np.stack(new, 1)], axis=1)
+        segment += 1
+        if eos_id is not None and np.all(ended):
+          return
+
+  # -- perplexity -----------------------------------------------------------------------------
+
+  def _score_windows(self, params, batch):
+    """(sum of the weighted next-token NLL, sum of the weights) of windows [B, T]."""
+    features, embedding = self.model.apply({'params': params}, batch['inputs'], deterministic=True,
+                                           method=GPT.features_and_embedding)
+    _, nll_sum, _, weight = projected_cross_entropy_sums(features, embedding, batch['targets'],
+                                                         batch['weights'])
+    return nll_sum, weight
+
+  def score_windows(self, params, windows: dict[str, np.ndarray], batch_size: int = 8):
+    """(summed NLL in nats, number of scored tokens) of `data.lm.sliding_windows` output.
+
+    Windows go `batch_size` at a time through one jitted program (the last batch is filled
+    with weight-0 windows, so every call has the same shape); sums add up in float64.
+    """
+    inputs = windows['inputs']
+    total, count = 0.0, 0.0
+    with nn.logical_axis_rules(()):
+      for start in range(0, len(inputs), batch_size):
+        batch = {k: v[start:start + batch_size] for k, v in windows.items()}
+        short = batch_size - len(batch['inputs'])
+        if short:
+          batch = {
+              k: np.concatenate([v, np.zeros((short,) + v.shape[1:], v.dtype)])
+              for k, v in batch.items()
+          }
+        nll, weight = jax.device_get(self._score_fn(params, batch))
+        total += float(nll)
+        count += float(weight)
+    return total, int(round(count))
 
   # -- evaluation -----------------------------------------------------------------------------
 

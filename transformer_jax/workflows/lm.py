@@ -1,7 +1,7 @@
 """A language-model experiment from a config: text, tokenizer, token streams, task, trainer.
 
-`experiments/lm.py` (training), `experiments/generate.py` (sampling) and
-`benchmarks/lm_shakespeare.py` are thin callers of these functions.
+`experiments/lm.py` (training, and --mode=evaluate: `evaluate_file`), `experiments/generate.py`
+(sampling) and `benchmarks/lm_shakespeare.py` are thin callers of these functions.
 
 Data sources (config.data.source):
   'file': one UTF-8 text file (data.path), split into the first data.train_fraction for
@@ -16,6 +16,7 @@ folder tokenizer/, which transformers.AutoTokenizer reads; documents joined with
 '<|endoftext|>', as GPT-2's were).
 """
 
+import math
 import os
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data import tokenizer as tok
 from transformer_jax.data.hf_tokenizer import HFTokenizer
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import model_config_from_dict
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
@@ -208,3 +209,89 @@ def restore_for_inference(config, workdir: str):
   validate(config)
   task, trainer, tokenizer = build(config, workdir)
   return task, trainer, tokenizer, trainer.restore_params()
+
+
+# -- inference: a trained workdir or an imported Hugging Face model -----------------------------
+
+LM_TOKENIZERS = ('char', 'sentencepiece', 'byte_bpe')
+
+
+def check_lm_workdir(config, workdir: str):
+  """ConfigError unless `workdir` was trained by experiments.lm and holds a checkpoint.
+
+  Checked before a Trainer exists: its checkpoint manager would create checkpoints/ in a
+  workdir that has none, and inference writes nothing.
+  """
+  data, tokenizer = config.get('data') or {}, config.get('tokenizer') or {}
+  if 'block_size' not in data or tokenizer.get('type') not in LM_TOKENIZERS:
+    kind = tokenizer.get('type') or 'none'
+    raise ConfigError(f'{workdir} is not a language-model workdir (its config has tokenizer.type '
+                      f'{kind!r} and no data.block_size): pass a workdir trained by experiments.lm')
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(checkpoints) or not any(name.isdigit() for name in os.listdir(checkpoints)):
+    raise ConfigError(f'no checkpoint in {checkpoints}: train it with experiments.lm first')
+
+
+def load_hf_model(directory: str):
+  """(task, tokenizer, params) of the HF causal LM in `directory`, the task's EOS the
+  tokenizer's."""
+  from transformer_jax.convert import hf_auto
+  from transformer_jax.tasks.lm import LanguageModelTask
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if not os.path.isdir(directory):
+    raise ConfigError(f'--hf_dir {directory} does not exist: a Hugging Face model folder')
+  hf_auto.causal_lm_family(directory)  # refuse another kind of model before reading anything
+  tokenizer = HFTokenizer.from_dir(directory)
+  family, cfg, params = hf_auto.load_hf_causal_lm(directory)
+  # Ids past the embedding would index out of it (jnp.take clamps: silently wrong tokens). A
+  # smaller tokenizer is fine: models often round their embedding up.
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise ConfigError(f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens but the '
+                      f'{family} model\'s embedding has {cfg.vocab_size} rows; use the tokenizer '
+                      'the model was trained with')
+  task = LanguageModelTask(cfg, tokenizer=tokenizer, eos_id=tokenizer.eos_id)
+  return task, tokenizer, params
+
+
+def evaluation_tokens(tokenizer, text: str) -> tuple[np.ndarray, str, int]:
+  """(token stream, unit, units) of `text` for `evaluate_file`.
+
+  Characters for a character model (the first is context only: there is nothing to predict
+  it from, so `units` counts the other characters); otherwise subword ids after the token a
+  document starts with (`data.lm.prompt_ids`: EOS or BOS), so every token of the text is
+  predicted, and `units` is the text's UTF-8 bytes.
+  """
+  if isinstance(tokenizer, lm_data.CharTokenizer):
+    return np.asarray(tokenizer.encode(text), np.int32), 'character', len(text) - 1
+  return np.asarray(lm_data.prompt_ids(tokenizer, text),
+                    np.int32), 'byte', len(text.encode('utf-8'))
+
+
+def evaluate_file(task, params, tokenizer, path: str, stride: int | None = None,
+                  batch_size: int = 8) -> dict:
+  """Loss, perplexity and bits per character/byte of the text file `path`.
+
+  Sliding windows of the model's context (max_len) advanced by `stride` tokens (default
+  max_len // 2: every token after the first window sees at least half a context, at twice
+  the cost of disjoint windows); each token is scored once (`data.lm.sliding_windows`).
+  loss is the mean next-token NLL in nats, perplexity exp(loss), and bits per unit
+  loss / ln 2 * tokens / units (`evaluation_tokens`).
+  """
+  window = int(task.cfg.max_len)
+  stride = max(1, window // 2) if stride is None else int(stride)
+  if not 1 <= stride <= window:
+    raise ConfigError(f'--stride must be in [1, {window}] (the model\'s context), got {stride}')
+  if batch_size < 1:
+    raise ConfigError(f'--batch_size must be positive, got {batch_size}')
+  text = lm_data.read_text(path)
+  tokens, unit, units = evaluation_tokens(tokenizer, text)
+  if len(tokens) < 2 or units < 1:
+    raise DataError(f'{path} is too short to score: it needs at least two tokens')
+  windows = lm_data.sliding_windows(tokens, window, stride)
+  nll, count = task.score_windows(params, windows, batch_size)
+  loss = nll / count
+  return {
+      'file': os.path.abspath(path), 'tokens': count, f'{unit}s': units, 'window': window,
+      'stride': stride, 'windows': len(windows['inputs']), 'loss': loss,
+      'perplexity': math.exp(loss), f'bits_per_{unit}': nll / math.log(2) / units
+  }
