@@ -13,7 +13,10 @@ translates test_2016_flickr with beam search and scores it two ways:
 With --lowercase_tokenized the model is trained, validated and tested on those official
 lowercased, tokenised files themselves (as published systems are), its output is scored as it
 is, and there is no cased sacreBLEU.
-Last line: one JSON object.
+Packing (several pairs per row, one batch shape) instead of length buckets: --set=data.pack=True.
+Last line: one JSON object, with the padding share of an epoch's batches ('padding_fraction',
+the plan of the training batches' first epoch), whether they were packed ('pack') and the peak
+resident memory of this process ('peak_rss_gb', training, checkpoints and test decoding).
 """
 
 import os
@@ -28,6 +31,7 @@ if __name__ == '__main__':
 
 import gzip
 import json
+import resource
 import tempfile
 import time
 
@@ -64,6 +68,16 @@ def apply_override(config, assignment: str):
   node[leaf] = type(node[leaf])(value) if not isinstance(node[leaf], bool) else value == 'True'
 
 
+def train_padding_fraction(config, trainer, src_tok, tgt_tok) -> float:
+  """The padding share of the first epoch of the training batches, as the run built them."""
+  from transformer_jax.workflows import translation as translate
+  pairs = translate.load_split(config, config.data.train_prefix)
+  if config.data.max_train_examples:
+    pairs = tuple(side[:config.data.max_train_examples] for side in pairs)
+  batcher = translate.make_batcher(config, trainer, src_tok, tgt_tok, pairs, train=True)
+  return translate.padding_fraction(config, batcher)
+
+
 def main(argv):
   del argv
   import sacrebleu
@@ -91,8 +105,9 @@ def main(argv):
     logging.warning('interrupted: rerun the same command with --workdir=%s to continue', workdir)
     sys.exit(1)
   train_minutes = results['minutes']
-  task, trainer, _ = translate.build(config, workdir)
+  task, trainer, (src_tok, tgt_tok) = translate.build(config, workdir)
   params = trainer.restore_params()
+  padding = train_padding_fraction(config, trainer, src_tok, tgt_tok)
   if results.get('averaged'):
     from transformer_jax.training.checkpointing import average_params
     steps = trainer.checkpointer.all_steps()[-config.eval.average_last:]
@@ -144,6 +159,10 @@ def main(argv):
       'steps': results['step'],
       'minutes': round(train_minutes, 2),
       'total_minutes': round((time.time() - start) / 60, 2),
+      'pack': bool(config.data.pack),
+      'padding_fraction': round(padding, 4),
+      # ru_maxrss: the high-water mark of the resident set, in KiB on Linux.
+      'peak_rss_gb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 2),
       'allocator': process.allocator_description().split(' ')[0],
       'workdir': workdir,
   }

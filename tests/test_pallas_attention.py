@@ -92,7 +92,10 @@ def test_key_padding_reaches_the_kernel_as_segment_ids_not_a_score_sized_bias(mo
   with pltpu.force_tpu_interpret_mode():
     out = kernels.dot_product_attention(q, k, v, mask=mask, implementation='pallas')
   assert calls[0]['ab'] is None
-  np.testing.assert_array_equal(calls[0]['segment_ids'].kv, mask[:, 0, 0, :])
+  # Hidden keys get id -1, which no query has (queries are all 1 without packing).
+  np.testing.assert_array_equal(calls[0]['segment_ids'].kv, np.where(mask[:, 0, 0, :], 1, -1))
+  np.testing.assert_array_equal(calls[0]['segment_ids'].q[:, :5], 1)  # rows added to fill the
+  # query tile (id 0) are dropped from the output
   np.testing.assert_allclose(
       out, kernels.dot_product_attention(q, k, v, mask=mask, implementation='reference'), rtol=RTOL,
       atol=ATOL)
@@ -178,7 +181,8 @@ def test_pallas_kernel_runs_per_shard_on_a_multi_device_mesh(translate_cli):
   (tests/tpu_compile_worker.py), the kernel interpreted. Batch over data or fsdp, heads over
   tensor with grouped key/value heads, a padding mask folded into the bias, key padding as
   segment ids, a bias shared by the batch (its gradient summed over the batch shards),
-  cross-attention, and a batch the mesh doesn't divide (left whole on every device)."""
+  cross-attention, a batch the mesh doesn't divide (left whole on every device), and packed
+  rows (segment ids split with the batch)."""
   cases = [
       {
           'name': 'data2_tensor2/causal', 'mesh': {'data': 2, 'tensor': 2}, 'kind': 'causal',
@@ -195,6 +199,10 @@ def test_pallas_kernel_runs_per_shard_on_a_multi_device_mesh(translate_cli):
       {
           'name': 'data4/undivided_batch', 'mesh': {'data': 4}, 'kind': 'key_padding', 'batch': 2,
           'heads': 2, 'kv_heads': 1
+      },
+      {
+          'name': 'data2_tensor2/packed', 'mesh': {'data': 2, 'tensor': 2}, 'kind': 'packed',
+          'batch': 4, 'heads': 4, 'kv_heads': 2
       },
   ]
   for case in cases:

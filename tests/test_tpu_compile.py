@@ -47,12 +47,13 @@ def run_worker(env: dict[str, str], mode: str, spec: dict) -> dict[str, dict]:
 
 
 MESHES = {'data4': {'data': 4}, 'data2_tensor2': {'data': 2, 'tensor': 2}}
-KINDS = ('causal', 'key_padding', 'cross')
+KINDS = ('causal', 'key_padding', 'cross', 'packed')
 
 
 @pytest.mark.slow
 def test_pallas_attention_compiles_for_a_tpu_topology_inside_shard_map(tpu_runtime, tmp_path):
-  """GPT (causal), BERT (key padding: segment ids) and cross-attention, named 'pallas' or picked
+  """GPT (causal), BERT (key padding: segment ids), cross-attention and packed rows (the
+  examples' segment ids), named 'pallas' or picked
   by 'auto', compile for a v5e:2x2 mesh split over data or data x tensor: one Mosaic call
   forward, three (forward, dq, dkv) for the gradient; each inside a shard_map, without which
   lowering fails. So does a grouped-query attention layer under 'auto', which passes the split of

@@ -13,9 +13,9 @@ The device count and the TPU runtime are fixed when jax starts, hence a fresh pr
   without a TPU: nothing runs.
 
 SPEC: {"topology": "v5e:2x2" (tpu only), "cases": [{"name": ..., "mesh": {"data": 2, "tensor": 2},
-"kind": "causal"|"key_padding"|"cross"|"layer", "implementation": "pallas"|"auto", "grad": bool,
-"batch": 8, "heads": 4, "kv_heads": 2, "bias": bool (interpret only)}]}. Prints one JSON line
-per case (errors or Mosaic calls and compile times).
+"kind": "causal"|"key_padding"|"cross"|"packed"|"layer", "implementation": "pallas"|"auto",
+"grad": bool, "batch": 8, "heads": 4, "kv_heads": 2, "bias": bool (interpret only)}]}. Prints one
+JSON line per case (errors or Mosaic calls and compile times).
 """
 
 import json
@@ -38,18 +38,21 @@ from transformer_jax.parallel import sharding
 
 HEAD_DIM = 64
 # (query length, key length, causal, mask): the attention of a GPT, a BERT (keys padded, as
-# segment ids in the kernel) and an encoder-decoder's cross-attention, at lengths the kernel's
-# 128-wide tiles do not divide.
+# segment ids in the kernel), an encoder-decoder's cross-attention and a packed GPT (several
+# examples a row: segment ids [B, T] in place of a mask), at lengths the kernel's 128-wide tiles
+# do not divide.
 KINDS = {
     'tpu': {
         'causal': (256, 256, True, None),
         'key_padding': (200, 200, False, 'keys'),
         'cross': (96, 160, False, 'keys'),
+        'packed': (200, 200, True, 'packed'),
     },
     'interpret': {
         'causal': (10, 10, True, 'both'),
         'key_padding': (9, 9, False, 'keys'),
         'cross': (7, 11, False, 'keys'),
+        'packed': (10, 10, True, 'packed'),
     },
 }
 
@@ -70,16 +73,26 @@ def make_inputs(case, t, s, mask_kind, head_dim):
   elif mask_kind == 'both':
     q_valid = jnp.arange(t)[None, :] < jnp.where(jnp.arange(b) % 2, t - 3, t)[:, None]
     mask = kernels.make_padding_mask(q_valid, k_valid)
+  elif mask_kind == 'packed':  # segment ids [B, T]: three examples a row, padding (0) at the end
+    index = jnp.arange(t)
+    mask = jnp.broadcast_to(
+        jnp.where(index < t // 3, 1, jnp.where(index < t - 3, 2, jnp.where(index < t - 1, 3, 0))),
+        (b, t)).astype(jnp.int32)
   return q, k, v, mask, bias
 
 
 def attention_loss(implementation, causal, mask):
-  """(q, k, v, bias) -> (weighted sum of the attention output, output), as a layer calls it."""
+  """(q, k, v, bias) -> (weighted sum of the attention output, output), as a layer calls it.
+  A 2-D `mask` is a packed row's segment ids (for queries and keys)."""
+  segments = {}
+  if mask is not None and mask.ndim == 2:
+    segments = dict(query_segment_ids=mask, key_segment_ids=mask)
+    mask = None
 
   def loss(q, k, v, bias):
     out = kernels.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal,
                                         implementation=implementation,
-                                        partition=attention_partition())
+                                        partition=attention_partition(), **segments)
     weights = jnp.sin(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
     return jnp.sum(out * weights), out
 
@@ -101,9 +114,11 @@ def specs(mesh, q, k, mask, bias):
   batch = batch if q.shape[0] % size(batch) == 0 else None
   heads = heads if k.shape[2] % size(heads) == 0 else None  # K divides H
 
-  def scores_spec(x):  # a mask or bias [B or 1, H or 1, T or 1, S]
+  def scores_spec(x):  # a mask or bias [B or 1, H or 1, T or 1, S], or segment ids [B, T]
     if x is None:
       return None
+    if x.ndim == 2:
+      return P(batch, None)
     return P(batch if x.shape[0] > 1 else None, heads if x.shape[1] > 1 else None)
 
   return P(batch, None, heads, None), scores_spec(mask), scores_spec(bias)

@@ -41,6 +41,11 @@ def pretrain_config() -> ml_collections.ConfigDict:
   config.data.sentence_task = 'nsp'
   config.data.type_vocab_size = 2  # segment ids (sentence A / B); RoBERTa has 1 (no token types)
   config.data.short_seq_prob = 0.1  # sometimes shorter sequences, as BERT's data generator
+  # Several complete [CLS] ... [SEP] examples per row, each attending only to itself, with its
+  # own positions (data/bert_pretrain.py). For sentence_task 'none' and 'full_sentences' only
+  # (with 'full_sentences' every example stays inside one document). A packed row's masked
+  # positions get round(max_len * mask_rate) + ceil(max_len / 16) slots (>= max_predictions).
+  config.data.pack = False
   config.data.batch_size = 32
   config.data.eval_batches = 20
 
@@ -83,6 +88,8 @@ def finetune_config() -> ml_collections.ConfigDict:
   config.data.max_len = 64
   config.data.batch_size = 32
   config.data.max_train_examples = 0  # 0 = all
+  # Must stay False: the classifier reads one [CLS] per row, so rows hold one example each.
+  config.data.pack = False
   # TSV columns (header names or 0-based positions): () = the one column named sentence,
   # content or text; two columns = sentence pairs (segment ids 0 and 1), e.g. ('sentence1',
   # 'sentence2') for RTE. label_column '' = the column named 'label'.

@@ -1,7 +1,8 @@
 """Keys every experiment shares, so scripts and users can rely on them.
 
   seed, mesh.{data,fsdp,tensor}, train.{num_steps, log_every, eval_every, checkpoint_every,
-  keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches, accumulation_steps},
+  keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches, accumulation_steps,
+  profile_steps},
   distributed.{mode, coordinator_address, num_processes, process_id}, optimizer.*, model.*, data.*
 """
 
@@ -24,6 +25,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.max_nonfinite = 10  # consecutive skipped non-finite steps before giving up
   config.train.eval_max_batches = 0  # 0 = the whole validation set
   config.train.accumulation_steps = 1  # >1: one update from k micro-batches (1/k the activations)
+  # 'START:END' writes a jax.profiler trace of the steps with indices START..END-1 (the progress
+  # line's steps START+1..END) to WORKDIR/profile, for TensorBoard's profile plugin or Perfetto;
+  # '' = no profiling.
+  config.train.profile_steps = ''
 
   # Multi-host jobs (transformer_jax/parallel/distributed.py): 'auto' starts jax.distributed
   # when the environment names a coordinator (JAX_COORDINATOR_ADDRESS, ...) or a SLURM/TPU job;

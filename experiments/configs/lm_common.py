@@ -22,6 +22,10 @@ def lm_config() -> ml_collections.ConfigDict:
   config.data.block_size = 256  # context length (tokens per window; the model's max_len)
   config.data.batch_size = 64  # windows per global batch
   config.data.eval_batches = 20  # fixed validation batches, the same at every evaluation
+  # Documents as attention segments: every window also carries segment ids and per-document
+  # positions from the EOS ids that join the documents, so no token attends to another document.
+  # Needs a subword tokenizer ('sentencepiece' or 'byte_bpe'); 'char' text has no documents.
+  config.data.pack = False
 
   config.tokenizer = ml_collections.ConfigDict()
   # 'char', 'sentencepiece' or 'byte_bpe' (GPT-2's byte-level BPE, saved as the Hugging Face

@@ -38,6 +38,7 @@ def get_config():
   config.data.noise_density = 0.15
   config.data.mean_noise_span_length = 3.0
   config.data.max_len = 128  # corrupted inputs, EOS included: 141-token chunks
+  config.data.pack = False  # chunks fill max_len already: length buckets, one of them
   config.data.buckets = (128,)  # every chunk but the last fills it: one shape, one compilation
   config.data.batch_tokens = 2048  # 16 chunks a batch
   config.tokenizer.vocab_size = 2_000

@@ -19,7 +19,12 @@ def translate_config() -> ml_collections.ConfigDict:
   config.data.max_len = 128  # tokens incl. EOS; longer pairs are filtered or truncated
   config.data.overflow = 'filter'  # 'filter' or 'truncate'
   config.data.batch_tokens = 4096  # padded tokens per batch (source or target side)
-  config.data.buckets = ()  # () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
+  # True: several pairs per row of max_len rounded up to 8 (segment ids and positions per pair,
+  # data/packing.py); one batch shape, train and eval, and less padding. On Multi30k it trained
+  # 1.15x the tokens per second of buckets and reached higher BLEU in the same time
+  # (docs/packing.md). False: length buckets (data.buckets). Span corruption ignores it.
+  config.data.pack = True
+  config.data.buckets = ()  # pack=False: () = 8, 16, 24, 32, 48, ..., max_len; (L,): one shape
   config.data.skip_invalid_utf8 = False
   config.data.max_train_examples = 0  # 0 = all (span corruption: chunks)
   # T5's recipes (transformer_jax/data/span_corruption.py); the defaults leave translation as is.

@@ -25,9 +25,9 @@ def require_keys(config, section: str, keys: tuple[str, ...]):
 
 def check_training(config, global_batch: int | None = None, *, num_devices: int | None = None,
                    platform: str | None = None):
-  """train.* switches, the mesh against the devices, `global_batch` rows (when the config fixes
-  them) against data x fsdp and the accumulation steps, and a named attention kernel against
-  the platform.
+  """train.* switches (the profile window too), the mesh against the devices, `global_batch`
+  rows (when the config fixes them) against data x fsdp and the accumulation steps, and a named
+  attention kernel against the platform.
 
   By default the run is this job's: multi-host jobs are started first
   (`distributed.initialize`), so the device count is global, and the platform is jax's backend.
@@ -42,6 +42,7 @@ def check_training(config, global_batch: int | None = None, *, num_devices: int 
   accumulation = int(train.get('accumulation_steps', 1))
   if accumulation < 1:
     raise ConfigError(f'train.accumulation_steps must be >= 1, got {accumulation}')
+  check_profile_steps(config)
   from transformer_jax.parallel import sharding
   if num_devices is None:
     import jax
@@ -62,6 +63,18 @@ def check_training(config, global_batch: int | None = None, *, num_devices: int 
   if unavailable:
     raise ConfigError(f"{unavailable}: use 'auto' (the best kernel per backend), 'chunked', "
                       "'xla' or 'reference'")
+
+
+def check_profile_steps(config):
+  """train.profile_steps ('' or 'START:END', step indices) is well formed and inside the run's
+  train.num_steps steps, so a profile asked for is not silently never taken."""
+  from transformer_jax.training.profiling import profile_window
+  value = config.train.get('profile_steps', '')
+  window = profile_window(value)
+  num_steps = int(config.train.num_steps)
+  if window and window[1] > num_steps:
+    raise ConfigError(f'train.profile_steps={value!r} ends after the run: END must be <= '
+                      f'train.num_steps={num_steps} (steps are numbered 0..{num_steps - 1})')
 
 
 def attention_kernel_unavailable(config, platform: str | None = None) -> str | None:

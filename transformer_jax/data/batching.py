@@ -129,6 +129,15 @@ class _PackedSequences:
     return out
 
 
+def parse_position(state: dict) -> tuple[int, int]:
+  """(epoch, position) of a saved {'epoch', 'position'}; a one-line ConfigError if malformed."""
+  try:
+    return int(state['epoch']), int(state['position'])
+  except (KeyError, TypeError, ValueError):
+    raise ConfigError(f"data position must look like {{'epoch': 0, 'position': 0}}, "
+                      f'got {state!r}') from None
+
+
 class BucketedBatcher:
   """Yields padded batches {'inputs', 'targets', 'index'} grouped by length bucket.
 
@@ -224,6 +233,11 @@ class BucketedBatcher:
   def num_batches_per_epoch(self) -> int:
     return sum(-(-len(m) // rows) for m, rows in zip(self._members, self._rows))
 
+  @property
+  def num_tokens(self) -> int:
+    """Ids of every example, both streams: what an epoch's batches hold besides padding."""
+    return int(self._src.offsets[-1] + (self._tgt.offsets[-1] if self._tgt is not None else 0))
+
   def epoch_batches(self, epoch: int) -> list[tuple[int, np.ndarray]]:
     """The global batches of `epoch` as (bucket number, example indices; -1 = filler)."""
     if self._cached_plan is not None and self._cached_plan[0] == epoch:
@@ -280,11 +294,7 @@ class BucketedBatcher:
 
   def set_state(self, state: dict[str, int]) -> None:
     """Restores a position from `get_state()`; the next batch is the one that was next."""
-    try:
-      epoch, position = int(state['epoch']), int(state['position'])
-    except (KeyError, TypeError, ValueError):
-      raise ConfigError(f"data position must look like {{'epoch': 0, 'position': 0}}, "
-                        f'got {state!r}') from None
+    epoch, position = parse_position(state)
     if epoch < 0 or not 0 <= position <= self.num_batches_per_epoch:
       raise ConfigError(f'saved data position {state} does not fit this data, which has '
                         f'{self.num_batches_per_epoch} batches per epoch; the data or batch '

@@ -20,6 +20,31 @@ Documents are lists of sentence lines (`sentence_task` names the input format):
 Then 15% of the non-special tokens are selected (at most max_predictions); of those 80% become
 [MASK], 10% a random token, 10% stay unchanged, and the model predicts the originals.
 
+Packing (PretrainOptions.pack, config.data.pack; only for 'none' and 'full_sentences', whose rows
+carry no sentence label: the NSP/SOP head reads one [CLS] per row). Each row of max_len tokens
+holds several complete examples, each its own '[CLS] ... [SEP]' (RoBERTa's '<s> ... </s>': what
+the tokenizer's build_pair makes of one segment), with 'inputs_segment_ids' (1, 2, ... along the
+row, 0 on the padding at its end) and 'inputs_positions' (restarting at 0 for every example), so
+the model attends within an example only and gives each its own positions: an example sees what
+it would see alone in a row, without the padding.
+  none: examples are drawn as without packing (make_pair: a random document's consecutive lines
+        from a random line, sometimes with a shorter budget) and placed greedily: a draw that
+        does not fit in the rest of a row closes it, and the next row starts with that draw;
+  full_sentences: each document is cut into chunks of whole consecutive lines of at most
+        max_len - 2 tokens, and each chunk is its own example, so attention never crosses a
+        document boundary: RoBERTa's DOC-SENTENCES input (Liu et al. 2019, section 4.2), which
+        the paper found slightly better than FULL-SENTENCES but set aside because inputs near a
+        document's end are short (it grew the batch size to make up for them); packed, those
+        short chunks share rows instead of padding them. The chunks are packed once into rows
+        (best-fit decreasing on their lengths, so rows come out nearly full; `pack_lengths`),
+        and every epoch feeds every row once in an order drawn from (seed, epoch), as the
+        unpacked rows.
+Masks are drawn per example, exactly as for an unpacked example (never on special tokens, at
+most max_predictions each); a row's predictions share `row_predictions` slots
+(round(max_len * mask_rate) plus max_len / 16, rounded up, for each example's count being
+rounded up; no fewer than max_predictions). Should a row of many short examples use them all,
+its last examples get fewer masks (the ones that fit).
+
 Batch s is a pure function of (seed, s) (np.random.default_rng((seed, s))), so masks are drawn
 anew for every batch (dynamic masking, as RoBERTa) and a resumed run sees exactly the batches it
 would have seen: the data position is just the step.
@@ -51,6 +76,17 @@ class PretrainOptions:
   short_seq_prob: float = 0.1
   mask_token_rate: float = 0.8  # of the selected tokens: [MASK]
   random_token_rate: float = 0.1  # ... a random token; the rest stay unchanged
+  pack: bool = False  # several examples per row (module docstring); 'none', 'full_sentences'
+
+  @property
+  def row_predictions(self) -> int:
+    """Prediction slots per row (the width of 'mlm_positions'): max_predictions, or with pack
+    round(max_len * mask_rate) plus ceil(max_len / 16) of slack for the rounding up of each
+    packed example's count, never fewer than max_predictions."""
+    if not self.pack:
+      return self.max_predictions
+    return max(self.max_predictions,
+               int(round(self.max_len * self.mask_rate)) + -(-self.max_len // 16))
 
 
 # -- documents ----------------------------------------------------------------------------------
@@ -203,13 +239,50 @@ def pack_full_sentences(documents: list[list[np.ndarray]], budget: int,
   return rows, truncated
 
 
+def document_chunks(documents: list[list[np.ndarray]], budget: int) -> tuple[list[np.ndarray], int]:
+  """(chunks, truncated lines): each document cut into chunks of whole consecutive lines of at
+  most `budget` tokens, in order; no chunk spans two documents. A line longer than `budget` is
+  a chunk of its own, cut to `budget` tokens (counted)."""
+  chunks, truncated = [], 0
+  for doc in documents:
+    # One document at a time: pack_full_sentences then never needs a separator.
+    rows, cut = pack_full_sentences([doc], budget, separator=0)
+    chunks += rows
+    truncated += cut
+  return chunks, truncated
+
+
+def pack_lengths(lengths, capacity: int) -> list[list[int]]:
+  """Rows of item indices whose lengths sum to at most `capacity` each: best-fit decreasing
+  (each item, longest first, goes into the fullest row it fits, else a new row), which leaves
+  little room unused. Each row lists its items in index order; rows in order of creation."""
+  lengths = [int(n) for n in lengths]
+  if any(not 0 < n <= capacity for n in lengths):
+    raise DataError(f'items to pack must have 1 to {capacity} tokens')
+  rows: list[list[int]] = []
+  free: list[list[int]] = [[] for _ in range(capacity + 1)]  # free[c]: rows with c slots left
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    n = lengths[i]
+    room = next((c for c in range(n, capacity + 1) if free[c]), None)
+    if room is None:
+      rows.append([])
+      row, room = len(rows) - 1, capacity
+    else:
+      row = free[room].pop()
+    rows[row].append(i)
+    free[room - n].append(row)
+  return [sorted(row) for row in rows]
+
+
 def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: int,
-                options: PretrainOptions, rng: np.random.Generator,
-                random_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                options: PretrainOptions, rng: np.random.Generator, random_ids: np.ndarray,
+                limit: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(masked ids, positions [P], original ids [P]) for one sequence: round(mask_rate * n) of
-  its n non-special tokens (at least 1, at most max_predictions), in position order."""
+  its n non-special tokens (at least 1, at most max_predictions and `limit`: the prediction
+  slots a packed row has left), in position order."""
   candidates = np.flatnonzero(~np.isin(ids, special))
-  count = min(options.max_predictions, max(1, int(round(len(candidates) * options.mask_rate))))
+  most = options.max_predictions if limit is None else min(options.max_predictions, limit)
+  count = min(most, max(1, int(round(len(candidates) * options.mask_rate))))
   count = min(count, len(candidates))
   positions = np.sort(rng.choice(candidates, size=count, replace=False))
   originals = ids[positions].copy()
@@ -228,7 +301,8 @@ class PretrainBatches(StepIndexedBatches):
 
   {'inputs', 'segments': int32[B, max_len], 'mlm_positions', 'mlm_ids': int32[B, P],
    'mlm_weights': float32[B, P], 'sentence_labels': int32[B]} (this process's rows of the
-  global batch).
+  global batch), P = options.row_predictions. With options.pack also 'inputs_segment_ids' and
+  'inputs_positions' int32[B, max_len] (module docstring), and 'sentence_labels' all 0.
   """
 
   def __init__(self, documents: list[list[np.ndarray]], tokenizer, options: PretrainOptions, *,
@@ -241,6 +315,9 @@ class PretrainBatches(StepIndexedBatches):
     if options.sentence_task not in SENTENCE_TASKS:
       raise DataError(f'sentence_task must be one of {SENTENCE_TASKS}, got '
                       f'{options.sentence_task!r}')
+    if options.pack and options.sentence_task in PAIR_TASKS:
+      raise DataError(f'sentence_task={options.sentence_task!r} cannot be packed: its sentence '
+                      'head reads one [CLS] per row')
     self.documents, self.tokenizer, self.options = documents, tokenizer, options
     self.batch_size, self.seed = batch_size, seed
     # Anchors: every (document, line), so each line is equally likely to start an example.
@@ -249,7 +326,20 @@ class PretrainBatches(StepIndexedBatches):
     self._special = np.asarray(tokenizer.special_ids, np.int32)
     self._random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32), self._special)
     self.rows, self.truncated_lines = [], 0
-    if options.sentence_task == 'full_sentences':
+    self.examples = []  # full_sentences with pack: (ids, token types) of every chunk
+    if options.sentence_task == 'full_sentences' and options.pack:
+      chunks, self.truncated_lines = document_chunks(documents, options.max_len - 2)
+      for chunk in chunks:
+        ids, types = tokenizer.build_pair(chunk.tolist(), None, options.max_len)
+        self.examples.append((np.asarray(ids, np.int32), np.asarray(types, np.int32)))
+      lengths = [len(ids) for ids, _ in self.examples]
+      self.rows = pack_lengths(lengths, options.max_len)
+      padding = 1 - sum(lengths) / max(1, len(self.rows) * options.max_len)
+      logging.info(
+          'document chunks: %d lines in %d chunks of whole lines, packed into %d rows of %d '
+          'tokens, %.1f%% padding (%d lines cut to fit)', len(self._anchors), len(chunks),
+          len(self.rows), options.max_len, 100 * padding, self.truncated_lines)
+    elif options.sentence_task == 'full_sentences':
       self.rows, self.truncated_lines = pack_full_sentences(documents, options.max_len - 2,
                                                             tokenizer.sep_id)
       logging.info(
@@ -271,23 +361,75 @@ class PretrainBatches(StepIndexedBatches):
       self._order = (epoch, order)
     return int(self._order[1][position])
 
+  def _draw(self, rng: np.random.Generator) -> tuple:
+    """(A ids, B ids or None, sentence label) of an example from a random (document, line)."""
+    d, line = self._anchors[rng.integers(len(self._anchors))]
+    return make_pair(self.documents, int(d), int(line), self.options, rng)
+
+  def _mask(self, ids, rng: np.random.Generator, limit: int | None = None) -> tuple:
+    tok = self.tokenizer
+    return mask_tokens(np.asarray(ids, np.int32), self._special, tok.vocab_size, tok.mask_id,
+                       self.options, rng, self._random_ids, limit)
+
   def example(self, rng: np.random.Generator, k: int = 0) -> tuple:
     """(masked ids, segments, positions, originals, sentence label) of one row; `k` is the
     global row index (used by full_sentences only)."""
-    o, tok = self.options, self.tokenizer
+    o = self.options
     if o.sentence_task == 'full_sentences':
       a, b, label = self.rows[self.row_index(k)], None, 0
     else:
-      d, line = self._anchors[rng.integers(len(self._anchors))]
-      a, b, label = make_pair(self.documents, int(d), int(line), o, rng)
-    ids, segments = tok.build_pair(a, b, o.max_len)
-    masked, positions, originals = mask_tokens(np.asarray(ids,
-                                                          np.int32), self._special, tok.vocab_size,
-                                               tok.mask_id, o, rng, self._random_ids)
+      a, b, label = self._draw(rng)
+    ids, segments = self.tokenizer.build_pair(a, b, o.max_len)
+    masked, positions, originals = self._mask(ids, rng)
     return masked, np.asarray(segments, np.int32), positions, originals, label
+
+  def _packed_batch(self, step: int) -> Batch:
+    """The global packed batch `step` (module docstring), all rows."""
+    o, tok = self.options, self.tokenizer
+    rng = np.random.default_rng((self.seed, step))
+    b, length, p = self.batch_size, o.max_len, o.row_predictions
+    out = {
+        key: np.zeros((b, length), np.int32)
+        for key in ('inputs', 'segments', 'inputs_segment_ids', 'inputs_positions')
+    }
+    out.update(mlm_positions=np.zeros((b, p), np.int32), mlm_ids=np.zeros((b, p), np.int32),
+               mlm_weights=np.zeros((b, p), np.float32), sentence_labels=np.zeros((b,), np.int32))
+    pending = None  # 'none': the draw that closed the previous row, which starts this one
+    for row in range(b):
+      used = predicted = segment = 0
+      if o.sentence_task == 'full_sentences':
+        examples = iter([self.examples[i] for i in self.rows[self.row_index(step * b + row)]])
+      while True:
+        if o.sentence_task == 'full_sentences':
+          example = next(examples, None)
+          if example is None:
+            break
+        else:
+          if pending is None:
+            ids, types = tok.build_pair(self._draw(rng)[0], None, length)
+            pending = np.asarray(ids, np.int32), np.asarray(types, np.int32)
+          example = pending
+          if used and used + len(example[0]) > length:
+            break  # the draw starts the next row
+          pending = None
+        ids, types = example
+        masked, positions, originals = self._mask(ids, rng, limit=p - predicted)
+        span, picks = slice(used, used + len(ids)), slice(predicted, predicted + len(positions))
+        segment += 1
+        out['inputs'][row, span] = masked
+        out['segments'][row, span] = types
+        out['inputs_segment_ids'][row, span] = segment
+        out['inputs_positions'][row, span] = np.arange(len(ids))
+        out['mlm_positions'][row, picks] = positions + used
+        out['mlm_ids'][row, picks] = originals
+        out['mlm_weights'][row, picks] = 1.0
+        used, predicted = used + len(ids), predicted + len(positions)
+    return out
 
   def batch(self, step: int) -> Batch:
     o = self.options
+    if o.pack:
+      return {k: v[self._rows] for k, v in self._packed_batch(step).items()}
     rng = np.random.default_rng((self.seed, step))
     b, p = self.batch_size, o.max_predictions
     out = {

@@ -10,6 +10,15 @@ number: a resumed run draws exactly the batches it would have drawn (as nanoGPT'
 but reproducible). Subword corpora (lm1b) are tokenized with SentencePiece, or with a byte-level
 BPE (GPT-2's kind, `hf_tokenizer.HFTokenizer`), and their documents joined with EOS ('<|endoftext|>'
 for the BPE), which also tells the model where a document ends.
+
+Packing (config.data.pack): a window of a subword stream is already a full row, but it may hold
+the ends and starts of several documents. With `pack_eos_id` set, every window also carries
+'inputs_segment_ids' and 'inputs_positions' (`segment_ids_and_positions`): a new segment starts
+at the window's first token and at every EOS, which plays BOS for the document after it (as a
+generation's prompt [EOS] + text does), so attention never crosses a document boundary and
+positions restart at each document. Nothing is padded and every target is still scored: the
+target of a document's last token is the EOS that ends it. A character stream has no documents,
+so it cannot be packed.
 """
 
 import json
@@ -196,10 +205,40 @@ def token_dtype(vocab_size: int) -> np.dtype:
 # -- batches -------------------------------------------------------------------------------------
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> Batch:
+def segment_ids_and_positions(inputs: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """(segment ids, positions), int32 of the shape of `inputs` [..., T], for windows of a stream
+  of documents joined with `eos_id`.
+
+  A segment starts at index 0 and at every EOS (the EOS that ends one document starts the next
+  one's segment: it is that document's BOS). Segment ids count from 1 along each window; a
+  token's position is its distance from the start of its segment. There is no padding in a
+  window, so no id is 0. E.g. with EOS = 9:
+
+    inputs       9 5 6 9 9 7
+    segment ids  1 1 1 2 3 3
+    positions    0 1 2 0 0 1
+  """
+  inputs = np.asarray(inputs)
+  if inputs.ndim < 1 or inputs.shape[-1] < 1:
+    raise DataError(f'windows must have at least one token, got shape {inputs.shape}')
+  starts = inputs == eos_id  # a new array: setting its first column leaves `inputs` alone
+  starts[..., 0] = True  # a window starting with EOS opens one segment there, not two
+  segment_ids = np.cumsum(starts, axis=-1, dtype=np.int32)
+  index = np.arange(inputs.shape[-1], dtype=np.int32)
+  # The index of the latest segment start at or before each token (a running maximum).
+  last_start = np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
+  return segment_ids, (index - last_start).astype(np.int32)
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
+             pack_eos_id: int | None = None) -> Batch:
   # One fancy-index gathers all windows: rows start + [0, T]; inputs and targets are views.
   chunk = tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
-  return {'inputs': chunk[:, :-1], 'targets': chunk[:, 1:]}
+  batch = {'inputs': chunk[:, :-1], 'targets': chunk[:, 1:]}
+  if pack_eos_id is not None:
+    batch['inputs_segment_ids'], batch['inputs_positions'] = segment_ids_and_positions(
+        batch['inputs'], pack_eos_id)
+  return batch
 
 
 def _check_length(tokens: np.ndarray, block_size: int, what: str):
@@ -215,31 +254,34 @@ class RandomWindows(StepIndexedBatches):
 
   `batch_size` is the global batch; with several processes each yields its own contiguous
   slice of the same global draw, so the global batch does not depend on the process count.
+  With `pack_eos_id` (the EOS that joins the documents), batches also have
+  'inputs_segment_ids' and 'inputs_positions' (`segment_ids_and_positions`).
   """
 
   def __init__(self, tokens: np.ndarray, *, block_size: int, batch_size: int, seed: int,
-               process_index: int = 0, process_count: int = 1):
+               process_index: int = 0, process_count: int = 1, pack_eos_id: int | None = None):
     tokens = np.asarray(tokens)
     _check_length(tokens, block_size, 'training')
     self._init_rows(batch_size, process_index, process_count)
     self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
+    self.pack_eos_id = pack_eos_id
 
   def batch(self, step: int) -> Batch:
     """The global batch `step`'s rows for this process (a pure function of seed and step)."""
     rng = np.random.default_rng((self.seed, step))
     starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
-    return _windows(self.tokens, starts[self._rows], self.block_size)
+    return _windows(self.tokens, starts[self._rows], self.block_size, self.pack_eos_id)
 
 
-def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batches: int,
-                 seed: int) -> list[Batch]:
+def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batches: int, seed: int,
+                 pack_eos_id: int | None = None) -> list[Batch]:
   """`num_batches` fixed random windows: the same ones at every evaluation, so eval losses
-  compare across steps and runs."""
+  compare across steps and runs. With `pack_eos_id`, segmented as `RandomWindows`'."""
   tokens = np.asarray(tokens)
   _check_length(tokens, block_size, 'validation')
   rng = np.random.default_rng(seed)
   starts = rng.integers(0, len(tokens) - block_size, size=(num_batches, batch_size))
-  return [_windows(tokens, row, block_size) for row in starts]
+  return [_windows(tokens, row, block_size, pack_eos_id) for row in starts]
 
 
 # -- evaluation over a whole file ----------------------------------------------------------------

@@ -17,6 +17,16 @@ def make_padding_mask(query_valid: jnp.ndarray, key_valid: jnp.ndarray) -> jnp.n
   return (query_valid[:, None, :, None] & key_valid[:, None, None, :])
 
 
+def make_segment_mask(query_segment_ids: jnp.ndarray | None,
+                      key_segment_ids: jnp.ndarray | None) -> jnp.ndarray | None:
+  """[B, 1, T, S] from the segment ids of packed rows ([B, T] and [B, S]; None = unpacked):
+  a query sees only the keys of its own example (equal ids). Padding (id 0) sees only padding,
+  so no row is fully masked; real tokens never see it."""
+  if query_segment_ids is None:
+    return None
+  return query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
+
+
 def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
   """Logical AND of the masks that are not None (None means "attend everywhere")."""
   masks = [m for m in masks if m is not None]

@@ -3,6 +3,13 @@ written-out gradient (CPU), the fused kernels (cuDNN, Pallas) and the choice per
 
 Shapes: B batch, T/S query/key length, H query heads, K key/value heads (K divides H), D head
 dim; q [B, T, H, D], k and v [B, S, K, D]. Masks as in `masks.py`.
+
+Packed rows (several examples in one row, `data/packing.py`) pass segment ids: int32
+`query_segment_ids` [B, T] and `key_segment_ids` [B, S], equal for a query and the keys of its
+own example (0 on padding). Each implementation takes them in its cheapest form: 'chunked'
+builds each block's [B, 1, rows, keys] mask from slices of the ids, the Pallas kernel compares
+the ids itself (nothing [T, S]-sized), and 'reference', 'xla' and 'cudnn' (whose
+`jax.nn.dot_product_attention` has no segment ids) get the boolean mask [B, 1, T, S].
 """
 
 import math
@@ -12,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax.kernels.masks import as_4d, combine_masks, make_causal_mask
+from transformer_jax.kernels.masks import (as_4d, combine_masks, make_causal_mask,
+                                           make_segment_mask)
 
 
 def reference_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dropout_rate=0.0,
@@ -132,7 +140,8 @@ _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
 def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size=None,
-                      dropout_rng=None, dropout_rate=0.0, deterministic=True, dtype=jnp.float32):
+                      dropout_rng=None, dropout_rate=0.0, deterministic=True, dtype=jnp.float32,
+                      query_segment_ids=None, key_segment_ids=None):
   """Attention output [B, T, H, D] computed one block of query rows at a time.
 
   With `causal` (query i sees keys 0..i, as `make_causal_mask`, on top of `mask`), a query block
@@ -144,12 +153,14 @@ def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size
   gradient written out for XLA:CPU: BERT step ~3.5% faster than autodiff of the formula); with
   attention dropout, `reference_attention` per block, drawing per block (fold_in of the block
   index), so not bit-identical to the reference's dropout pattern. Grouped-query key/value heads
-  are repeated for the core (autodiff sums their gradients back).
+  are repeated for the core (autodiff sums their gradients back). Segment ids (packed rows)
+  become each block's own mask, from the block's slices of the ids.
   """
   t, s = q.shape[1], k.shape[1]
+  segments = None if query_segment_ids is None else (query_segment_ids, key_segment_ids)
   blocks = list(
       _query_blocks(t, s, chunk_size or default_chunk_size(t, s, causal), causal, as_4d(mask),
-                    as_4d(bias)))
+                    as_4d(bias), segments))
   concat = lambda outputs, axis: (outputs[0]
                                   if len(outputs) == 1 else jnp.concatenate(outputs, axis=axis))
   if deterministic or dropout_rate == 0.0:
@@ -173,13 +184,17 @@ def chunked_attention(q, k, v, *, mask=None, bias=None, causal=False, chunk_size
   return concat(outputs, 1)
 
 
-def _query_blocks(t, s, chunk, causal, mask, bias):
+def _query_blocks(t, s, chunk, causal, mask, bias, segments=None):
   """(q_lo, q_hi, k_hi, mask, bias) per block of query rows; with `causal` a block sees keys
-  :k_hi only and its mask adds the causal one. Mask and bias are sliced to the block."""
+  :k_hi only and its mask adds the causal one. Mask and bias are sliced to the block;
+  `segments` = (query ids [B, T], key ids [B, S]) add the block's segment mask."""
   for lo in range(0, t, chunk):
     hi = min(lo + chunk, t)
     k_hi = min(hi, s) if causal else s
     block_mask = _slice_scores_array(mask, lo, hi, k_hi)
+    if segments is not None:
+      block_mask = combine_masks(block_mask,
+                                 make_segment_mask(segments[0][:, lo:hi], segments[1][:, :k_hi]))
     if causal:
       block_causal = (jnp.arange(k_hi)[None, :] <= jnp.arange(lo, hi)[:, None])[None, None]
       block_mask = combine_masks(block_mask, block_causal)
@@ -206,14 +221,17 @@ def _fused_attention(q, k, v, mask, bias, causal, dtype, implementation):
 _PALLAS_TILE = 128  # the Pallas kernel's default tile along both sequences (and its lane width)
 
 
-def _pallas_bias_and_key_segments(mask, bias, shape, t_pad, s_pad):
-  """What the Pallas kernel takes for `mask` and `bias` at its tile-padded lengths: an additive
-  bias [B, H, T', S'] (or None) and key segment ids [B, S'] (1 = a key to attend to, or None).
+def _pallas_bias_and_segments(mask, bias, shape, t_pad, s_pad, segments=None):
+  """What the Pallas kernel takes for `mask`, `bias` and `segments` (packed rows' (query ids
+  [B, T], key ids [B, S]), or None) at its tile-padded lengths: an additive bias [B, H, T', S']
+  (or None) and (query, key) segment ids [B, T'], [B, S'] (or None); the kernel lets a query see
+  the keys whose id equals its own.
 
-  Key padding (a mask [B or 1, 1, 1, S], as BERT and cross-attention pass) and the keys added
-  to fill the last tile become segment ids, checked inside the kernel: nothing [T, S]-sized is
-  built for them. Any other mask is folded into the bias (correct, but it materialises
-  [B, H, T, S]).
+  Packed rows' ids pass as they are. Key padding (a mask [B or 1, 1, 1, S], as BERT and
+  cross-attention pass) and the keys added to fill the last tile become key id -1, which no
+  query has (query ids are 1 without packing, and the added query rows are dropped): nothing
+  [T, S]-sized is built for them. Any other mask is folded into the bias (correct, but it
+  materialises [B, H, T, S]).
   """
   b, h, t, s = shape
   key_valid = None  # [B, S]: the mask, when it only hides keys
@@ -227,20 +245,24 @@ def _pallas_bias_and_key_segments(mask, bias, shape, t_pad, s_pad):
     if mask is not None:
       ab = jnp.where(mask, ab, -0.7 * float(jnp.finfo(jnp.float32).max))
     ab = jnp.pad(ab, ((0, 0), (0, 0), (0, t_pad), (0, s_pad)))
-  key_segments = None
-  if key_valid is not None or s_pad:
-    key_valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid
-    key_segments = jnp.pad(key_valid.astype(jnp.int32), ((0, 0), (0, s_pad)))
-  return ab, key_segments
+  if segments is None and key_valid is None and not s_pad:
+    return ab, None
+  q_ids, k_ids = segments if segments is not None else (jnp.ones(
+      (b, t), jnp.int32), jnp.ones((b, s), jnp.int32))
+  if key_valid is not None:
+    k_ids = jnp.where(key_valid, k_ids, -1)
+  q_ids = jnp.pad(q_ids.astype(jnp.int32), ((0, 0), (0, t_pad)))
+  k_ids = jnp.pad(k_ids.astype(jnp.int32), ((0, 0), (0, s_pad)), constant_values=-1)
+  return ab, (q_ids, k_ids)
 
 
-def _pallas_flash_attention(q, k, v, mask, bias, causal, dtype):
+def _pallas_flash_attention(q, k, v, mask, bias, causal, dtype, segments=None):
   """TPU: the Pallas flash-attention kernel, on the arrays of one device.
 
   The kernel tiles both sequences by 128, so other lengths are padded up to a multiple (the
-  padded keys hidden by segment ids, the padded query rows dropped); masks and bias as
-  `_pallas_bias_and_key_segments` says; causality stays inside the kernel. The kernel scales
-  the scores after adding its bias, so q is scaled here instead.
+  padded keys hidden by segment ids, the padded query rows dropped); masks, bias and packed
+  rows' segment ids as `_pallas_bias_and_segments` says; causality stays inside the kernel.
+  The kernel scales the scores after adding its bias, so q is scaled here instead.
   """
   # Imported here: the module needs a TPU-enabled jaxlib and is never used elsewhere.
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
@@ -251,9 +273,8 @@ def _pallas_flash_attention(q, k, v, mask, bias, causal, dtype):
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
   mask = as_4d(mask)
   t_pad, s_pad = -t % _PALLAS_TILE, -s % _PALLAS_TILE
-  ab, key_segments = _pallas_bias_and_key_segments(mask, bias, (b, h, t, s), t_pad, s_pad)
-  segment_ids = None if key_segments is None else pallas_flash.SegmentIds(
-      q=jnp.ones((b, t + t_pad), jnp.int32), kv=key_segments)
+  ab, ids = _pallas_bias_and_segments(mask, bias, (b, h, t, s), t_pad, s_pad, segments)
+  segment_ids = None if ids is None else pallas_flash.SegmentIds(q=ids[0], kv=ids[1])
   to_bhtd = lambda x, pad: jnp.swapaxes(
       jnp.pad(x.astype(dtype), ((0, 0), (0, pad), (0, 0), (0, 0))), 1, 2)
   out = pallas_flash.flash_attention(to_bhtd(q * d**-0.5, t_pad), to_bhtd(k, s_pad),
@@ -262,6 +283,8 @@ def _pallas_flash_attention(q, k, v, mask, bias, causal, dtype):
   out = jnp.swapaxes(out, 1, 2)[:, :t]
   if causal:
     mask = combine_masks(mask, make_causal_mask(t, s))
+  if mask is not None and segments is not None:  # (packed rows alone leave no row empty)
+    mask = combine_masks(mask, make_segment_mask(*segments))
   return _zero_fully_masked_rows(out, mask)
 
 
@@ -281,7 +304,7 @@ def _dividing_axes(axes, size, mesh, free_axes):
   return None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
 
 
-def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None):
+def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None, segments=None):
   """TPU: the Pallas flash-attention kernel (`_pallas_flash_attention`), run per device inside
   `jax.shard_map` when the active mesh has several devices.
 
@@ -292,15 +315,15 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None):
   `partition` = (batch axes, head axes) names (from the layer's logical-axis rules), less those
   that do not divide B, or K for the heads (grouped key/value heads are repeated per device, so
   query and key/value heads must be split alike). Masks and biases are split along the batch
-  and head axes they have (a size-1 broadcast axis stays whole). Without `partition` every
-  device computes the whole attention on replicated inputs: correct, but redundant. The mesh
-  is the one `jax.set_mesh` sets (as `parallel.sharding.use_mesh` does); the legacy `with mesh:`
-  sets none.
+  and head axes they have (a size-1 broadcast axis stays whole), segment ids along the batch.
+  Without `partition` every device computes the whole attention on replicated inputs: correct,
+  but redundant. The mesh is the one `jax.set_mesh` sets (as `parallel.sharding.use_mesh`
+  does); the legacy `with mesh:` sets none.
   """
   mesh = jax.sharding.get_abstract_mesh()
   free_axes = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
   if mesh.empty or math.prod(mesh.shape[a] for a in free_axes) == 1:
-    return _pallas_flash_attention(q, k, v, mask, bias, causal, dtype)
+    return _pallas_flash_attention(q, k, v, mask, bias, causal, dtype, segments)
   b, h, kv_heads = q.shape[0], q.shape[2], k.shape[2]
   batch_axes, head_axes = partition or (None, None)
   batch_axes = _dividing_axes(batch_axes, b, mesh, free_axes)
@@ -313,11 +336,16 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None):
       for x in extras
   ]
 
+  if segments is not None:
+    extras += list(segments)
+    extra_specs += [P(batch_axes, None)] * 2
+
   def per_device(q, k, v, *extras):
     extras = iter(extras)
     local_mask = None if mask is None else next(extras)
     local_bias = None if bias is None else next(extras)
-    return _pallas_flash_attention(q, k, v, local_mask, local_bias, causal, dtype)
+    local_segments = None if segments is None else (next(extras), next(extras))
+    return _pallas_flash_attention(q, k, v, local_mask, local_bias, causal, dtype, local_segments)
 
   # check_vma=False: pallas_call has no rule for the varying manual axes of its outputs.
   return jax.shard_map(per_device, mesh=mesh, in_specs=(qkv_spec,) * 3 + tuple(extra_specs),
@@ -361,7 +389,8 @@ def auto_implementation(dropout: bool = False) -> str:
 
 def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dropout_rate=0.0,
                           deterministic=True, dtype=jnp.float32, implementation='auto',
-                          causal=False, partition=None):
+                          causal=False, partition=None, query_segment_ids=None,
+                          key_segment_ids=None):
   """Attention output [B, T, H, D], by the implementation best for the target platform.
 
   'reference' is the explicit formula above; 'chunked' the block-causal version of it;
@@ -372,7 +401,12 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
   blocks. `partition` = (batch axes, head axes): the mesh axes the caller's sharding splits the
   batch and the heads over (None when nothing is split); 'pallas' runs per device over those
   blocks on a multi-device mesh (`_pallas_tpu_attention`), the others ignore it.
+  `query_segment_ids` [B, T] and `key_segment_ids` [B, S] (packed rows; both or neither) hide
+  every key of another example, in each implementation's cheapest form (module docstring).
   """
+  if (query_segment_ids is None) != (key_segment_ids is None):
+    raise ValueError('pass both query_segment_ids and key_segment_ids, or neither')
+  segments = None if query_segment_ids is None else (query_segment_ids, key_segment_ids)
   dropout = not deterministic and dropout_rate > 0.0
   fallback = None
   if implementation == 'auto':
@@ -380,8 +414,10 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
     fallback = 'xla' if implementation == 'cudnn' else 'chunked'
   if implementation == 'chunked':
     return chunked_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout_rng=dropout_rng,
-                             dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype)
+                             dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype,
+                             query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids)
   if implementation == 'reference':
+    mask = combine_masks(mask, None if segments is None else make_segment_mask(*segments))
     if causal:
       mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
     return reference_attention(q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
@@ -392,16 +428,20 @@ def dot_product_attention(q, k, v, *, mask=None, bias=None, dropout_rng=None, dr
       raise ValueError(f"attention implementation {implementation!r} has no attention dropout")
     try:
       if implementation == 'pallas':
-        return _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition)
+        return _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition, segments)
       # No shard_map for cuDNN: jax registers partitioning rules for its custom call
       # (`custom_partitioning` in jax/_src/cudnn/fused_attention_stablehlo.py), so XLA splits it
       # over batch and heads itself (it refuses split sequences, which our rules never split).
-      return _fused_attention(q, k, v, mask, bias, causal, dtype, implementation)
+      # `jax.nn.dot_product_attention` has no segment ids: they go in as the boolean mask.
+      fused_mask = combine_masks(mask, None if segments is None else make_segment_mask(*segments))
+      return _fused_attention(q, k, v, fused_mask, bias, causal, dtype, implementation)
     except Exception:
       # Only 'auto' falls back (at trace time): cuDNN rejects e.g. float32 or some head sizes.
       # (Errors at lowering never reach here, hence the shard_map around the Pallas kernel.)
       if fallback is None:
         raise
       return dot_product_attention(q, k, v, mask=mask, bias=bias, dtype=dtype,
-                                   implementation=fallback, causal=causal)
+                                   implementation=fallback, causal=causal,
+                                   query_segment_ids=query_segment_ids,
+                                   key_segment_ids=key_segment_ids)
   raise ValueError(f'unknown attention implementation {implementation!r}')

@@ -18,7 +18,7 @@ from jax import lax
 
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.kernels.cached_attention import decode_step_attention
-from transformer_jax.kernels.masks import combine_masks, make_causal_mask
+from transformer_jax.kernels.masks import combine_masks, make_causal_mask, make_segment_mask
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.layers.position import apply_rotary
 from transformer_jax.kernels.scaled_dot_product import dot_product_attention, reference_attention
@@ -63,7 +63,10 @@ class MultiHeadAttention(nn.Module):
 
   Call arguments: `mask` (boolean, broadcastable to [B, H, T, S]); `bias_fn(q_positions,
   k_positions) -> [1, H, T, S]` for a relative position bias; `positions` [T] of the query
-  tokens (rotary angles and cache slots; default 0..T-1).
+  tokens (rotary angles and cache slots; default 0..T-1), or [B, T] for packed rows, where each
+  example's positions restart at 0. `segment_ids` [B, T] (packed rows): a query sees only the
+  keys of its own example; `context_segment_ids` [B, S] are the keys' ids for cross-attention
+  (self-attention uses `segment_ids` for both). Not in decode mode (decoding is unpacked).
 
   `causal` (self-attention only): queries also never see later keys, whatever `mask` says, and
   the implementation may skip those blocks. Ignored when decoding (the cache mask does it).
@@ -79,11 +82,16 @@ class MultiHeadAttention(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, x, context=None, *, mask=None, bias_fn=None, positions=None,
-               deterministic: bool = True):
+  def __call__(self, x, context=None, *, mask=None, bias_fn=None, positions=None, segment_ids=None,
+               context_segment_ids=None, deterministic: bool = True):
     cfg = self.cfg
     is_self = context is None
     context = x if is_self else context
+    if is_self:
+      context_segment_ids = segment_ids
+    if segment_ids is not None and cfg.decode:
+      raise ValueError('segment ids (packed rows) are for training and scoring; decode mode '
+                       'takes one sequence per row')
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
                               param_dtype=cfg.param_dtype, kernel_init=self.kernel_init)
     query_init = self.kernel_init
@@ -116,10 +124,14 @@ class MultiHeadAttention(nn.Module):
         # Back to the [B, S, K, D] the attention functions take (XLA folds the transposes into
         # the matmuls of a multi-token prefill).
         k, v = jnp.transpose(cache[0], (0, 3, 1, 2)), jnp.swapaxes(cache[1], 1, 2)
-    # A relative position bias (T5) is a function of query and key positions.
+    # A relative position bias (T5) is a function of key position - query position. Packed rows
+    # ([B, T] positions) keep the row's offsets: within an example they equal the example's own
+    # (its positions restart at 0 but differences do not change), and across examples the
+    # segment ids hide the keys anyway. So one [1, H, T, S] bias serves the whole batch.
     bias = None
     if bias_fn is not None:
-      q_positions = positions if positions.ndim == 1 else positions[0]
+      q_positions = jnp.arange(q.shape[1]) if segment_ids is not None else (
+          positions if positions.ndim == 1 else positions[0])
       bias = bias_fn(q_positions, jnp.arange(k.shape[1]))
 
     dropout_rng = None
@@ -131,6 +143,8 @@ class MultiHeadAttention(nn.Module):
     elif intermediates:
       if causal:
         mask = combine_masks(mask, make_causal_mask(q.shape[1], k.shape[1]))
+      if segment_ids is not None:
+        mask = combine_masks(mask, make_segment_mask(segment_ids, context_segment_ids))
       out, weights = reference_attention(q, k, v, mask=mask, bias=bias, dropout_rng=dropout_rng,
                                          dropout_rate=cfg.attention_dropout_rate,
                                          deterministic=deterministic, dtype=cfg.dtype)
@@ -140,7 +154,8 @@ class MultiHeadAttention(nn.Module):
                                   dropout_rate=cfg.attention_dropout_rate,
                                   deterministic=deterministic, dtype=cfg.dtype,
                                   implementation=cfg.attention_implementation, causal=causal,
-                                  partition=attention_partition())
+                                  partition=attention_partition(), query_segment_ids=segment_ids,
+                                  key_segment_ids=context_segment_ids)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'kv'))
     return dense((cfg.emb_dim,), ('heads', 'kv', 'embed'), num_in_axes=2, name='out')(out)
 

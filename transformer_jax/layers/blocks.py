@@ -34,7 +34,8 @@ class TransformerBlock(nn.Module):
   Arguments may be passed positionally (nn.remat/nn.scan need that, and lifted transforms take
   arrays, not modules): `bias_table` is the stack's relative-position table [buckets, H], the
   array form of `bias_fn`. With `scan_carry` it returns (x, None), the carry/output pair
-  nn.scan expects.
+  nn.scan expects. Packed rows pass `segment_ids` [B, T] (this stack's tokens) and, for
+  cross-attention, `encoded_segment_ids` [B, S]: attention stays inside each example.
   """
   cfg: TransformerConfig
   cross_attention: bool = False
@@ -43,7 +44,8 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, encoded=None, self_mask=None, cross_mask=None, bias_table=None,
-               positions=None, deterministic: bool = True, *, bias_fn=None):
+               positions=None, deterministic: bool = True, segment_ids=None,
+               encoded_segment_ids=None, *, bias_fn=None):
     cfg = self.cfg
     if bias_table is not None:
       bias_fn = functools.partial(relative_position_bias, bias_table, bidirectional=not self.causal,
@@ -60,12 +62,13 @@ class TransformerBlock(nn.Module):
 
     x = residual(
         x, lambda h: MultiHeadAttention(cfg, causal=self.causal, name='self_attention')
-        (h, mask=self_mask, bias_fn=bias_fn, positions=positions, deterministic=deterministic),
-        'self_attention')
+        (h, mask=self_mask, bias_fn=bias_fn, positions=positions, segment_ids=segment_ids,
+         deterministic=deterministic), 'self_attention')
     if self.cross_attention:
       x = residual(
           x, lambda h: MultiHeadAttention(cfg, name='cross_attention')
-          (h, encoded, mask=cross_mask, deterministic=deterministic), 'cross_attention')
+          (h, encoded, mask=cross_mask, segment_ids=segment_ids, context_segment_ids=
+           encoded_segment_ids, deterministic=deterministic), 'cross_attention')
     x = residual(x, lambda h: FeedForward(cfg, name='mlp')(h, deterministic=deterministic), 'mlp')
     return (x, None) if self.scan_carry else x
 
@@ -83,8 +86,11 @@ class TransformerStack(nn.Module):
 
   @nn.compact
   def __call__(self, x, encoded=None, *, self_mask=None, cross_mask=None, positions=None,
-               deterministic: bool = True):
+               segment_ids=None, encoded_segment_ids=None, deterministic: bool = True):
+    """x [B, T, D] (and `encoded` [B, S, D] for cross-attention) -> [B, T, D]. Packed rows:
+    `segment_ids` [B, T] and `encoded_segment_ids` [B, S], positions [B, T]."""
     cfg = self.cfg
+    segments = (segment_ids, encoded_segment_ids)
     bias_fn = None
     if cfg.position == 'relative':
       # One bias table per stack, shared by its layers (as in T5); attention calls it once it
@@ -95,16 +101,18 @@ class TransformerStack(nn.Module):
     remat = cfg.remat_policy != 'none' and not cfg.decode  # no backward pass when decoding
     if cfg.share_layers:
       x = self._shared_layer(x, encoded, self_mask, cross_mask, bias_fn, positions, deterministic,
-                             remat)
+                             remat, segments)
     elif not (remat or cfg.scan_layers):
       for i in range(self.num_layers):
         x = TransformerBlock(cfg, self.cross_attention, causal=self.causal,
                              name=f'layer_{i}')(x, encoded, self_mask=self_mask,
                                                 cross_mask=cross_mask, bias_fn=bias_fn,
-                                                positions=positions, deterministic=deterministic)
+                                                positions=positions, deterministic=deterministic,
+                                                segment_ids=segment_ids,
+                                                encoded_segment_ids=encoded_segment_ids)
     else:
       x = self._transformed_layers(x, encoded, self_mask, cross_mask, bias_fn, positions,
-                                   deterministic, remat)
+                                   deterministic, remat, segments)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     return x
@@ -119,7 +127,7 @@ class TransformerStack(nn.Module):
                     prevent_cse=not cfg.scan_layers, static_argnums=(7,))
 
   def _shared_layer(self, x, encoded, self_mask, cross_mask, bias_fn, positions, deterministic,
-                    remat: bool):
+                    remat: bool, segments):
     """ALBERT's cross-layer sharing: one block's parameters ('shared_layer') applied
     `num_layers` times, as a Python loop (one module called repeatedly) or, with scan_layers, an
     nn.scan whose params are broadcast to every step instead of stacked (the tree is the same
@@ -127,7 +135,7 @@ class TransformerStack(nn.Module):
     cfg = self.cfg
     block = self._block_class(remat)
     args = (encoded, self_mask, cross_mask, bias_fn.table if bias_fn is not None else None,
-            positions, deterministic)
+            positions, deterministic, *segments)
     if not cfg.scan_layers:
       layer = block(cfg, self.cross_attention, causal=self.causal, name='shared_layer')
       for _ in range(self.num_layers):
@@ -143,7 +151,7 @@ class TransformerStack(nn.Module):
     return x
 
   def _transformed_layers(self, x, encoded, self_mask, cross_mask, bias_fn, positions,
-                          deterministic, remat: bool):
+                          deterministic, remat: bool, segments):
     """The layers under nn.remat (per layer) and/or nn.scan (one traced layer, stacked params).
 
     Lifted transforms take arrays, not modules: a relative bias goes in as its table.
@@ -151,7 +159,7 @@ class TransformerStack(nn.Module):
     cfg = self.cfg
     bias_table = bias_fn.table if bias_fn is not None else None
     block = self._block_class(remat)
-    args = (encoded, self_mask, cross_mask, bias_table, positions, deterministic)
+    args = (encoded, self_mask, cross_mask, bias_table, positions, deterministic, *segments)
     if not cfg.scan_layers:
       for i in range(self.num_layers):
         x = block(cfg, self.cross_attention, causal=self.causal, name=f'layer_{i}')(x, *args)

@@ -12,6 +12,7 @@ import functools
 import math
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -56,6 +57,17 @@ class AbsolutePositionEmbedding(nn.Module):
     if pe.ndim == 2:
       pe = pe[None]
     return x + pe
+
+
+def packed_positions(segment_ids: jnp.ndarray) -> jnp.ndarray:
+  """Positions [B, T] that restart at 0 with every example of packed rows (`segment_ids`
+  [B, T], a new example wherever the id changes; 0 on padding). Data pipelines give them with
+  the batch (`data/packing.py`); this derives them when only the ids are at hand."""
+  index = jnp.arange(segment_ids.shape[1])
+  starts = jnp.concatenate(
+      [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  return jnp.where(segment_ids > 0, index - first, 0).astype(jnp.int32)
 
 
 def apply_rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:

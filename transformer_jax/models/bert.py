@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from transformer_jax.layers.blocks import ACTIVATION_AXES, InputEmbedding, TransformerStack
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
+from transformer_jax.layers.position import packed_positions
 from transformer_jax.layers.feedforward import _ACTIVATIONS
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
@@ -146,22 +147,34 @@ class Bert(nn.Module):
       self.token_classifier = _dense(cfg, self.num_token_labels, ('embed', None),
                                      'token_classifier')
 
-  def encode(self, tokens, segments=None, valid=None, *, deterministic: bool = True):
-    """(hidden [B, T, D], pooled [B, D]). `valid` [B, T] marks real tokens (default != PAD)."""
+  def encode(self, tokens, segments=None, valid=None, *, segment_ids=None, positions=None,
+             deterministic: bool = True):
+    """(hidden [B, T, D], pooled [B, D]). `valid` [B, T] marks real tokens (default != PAD).
+
+    `segments` are BERT's token types (sentence A / B). Packed rows (several examples a row,
+    `data/bert_pretrain.py`) pass `segment_ids` [B, T] (which example a token belongs to: 1, 2,
+    ...; 0 on padding) and `positions` [B, T] restarting at 0 per example (derived from the ids
+    when omitted): attention stays within each example, whose padding needs no mask. `pooled`
+    reads row position 0, the first example's [CLS].
+    """
     cfg = self.cfg
-    if valid is None:
+    if segment_ids is not None and positions is None:
+      positions = packed_positions(segment_ids)
+    if valid is None and segment_ids is None:
       valid = tokens != PAD_ID
     if segments is None:
       segments = jnp.zeros_like(tokens)
     # Whole feature rows for the lookup (`Embed.__call__` says why).
     segment_table = nn.with_logical_constraint(self.segment_embedding, (None, None))
     segment = jnp.take(segment_table, segments, axis=0).astype(cfg.dtype)
-    positions = jnp.arange(tokens.shape[1])
+    if positions is None:
+      positions = jnp.arange(tokens.shape[1])
     x = self.input_embedding(tokens, positions, extra=segment, deterministic=deterministic)
     # Keys only: every query (padding ones too, as in BERT) attends to the real tokens, so no
     # row is fully masked and padded positions never influence real ones.
-    mask = valid[:, None, None, :]
-    hidden = self.encoder(x, self_mask=mask, positions=positions, deterministic=deterministic)
+    mask = None if valid is None else valid[:, None, None, :]
+    hidden = self.encoder(x, self_mask=mask, positions=positions, segment_ids=segment_ids,
+                          deterministic=deterministic)
     hidden = nn.with_logical_constraint(hidden, ACTIVATION_AXES)
     pooled = jnp.tanh(self.pooler(hidden[:, 0]))
     return hidden, nn.with_logical_constraint(pooled, ('batch', 'embed'))
@@ -183,23 +196,26 @@ class Bert(nn.Module):
     logits = self.token_embed.attend(h) + self.mlm_bias.astype(h.dtype)
     return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab')).astype(jnp.float32)
 
-  def __call__(self, tokens, segments=None, *, valid=None, mlm_positions=None,
-               deterministic: bool = True) -> dict[str, jax.Array]:
+  def __call__(self, tokens, segments=None, *, valid=None, mlm_positions=None, segment_ids=None,
+               positions=None, deterministic: bool = True) -> dict[str, jax.Array]:
     """{'hidden', 'pooled'} plus, for the built heads, 'mlm_logits' (when `mlm_positions` is
     given), 'sentence_logits' and 'class_logits' ([B, classes], float32) and 'token_logits'
-    ([B, T, token labels], float32)."""
-    return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=True)
+    ([B, T, token labels], float32). Packed rows: `segment_ids`, `positions` as `encode`."""
+    return self._outputs(tokens, segments, valid, mlm_positions, (segment_ids, positions),
+                         deterministic, project=True)
 
-  def features(self, tokens, segments=None, *, valid=None, mlm_positions=None,
-               deterministic: bool = True) -> dict[str, jax.Array]:
+  def features(self, tokens, segments=None, *, valid=None, mlm_positions=None, segment_ids=None,
+               positions=None, deterministic: bool = True) -> dict[str, jax.Array]:
     """As `__call__`, with the MLM head stopped before its vocabulary projection:
     'mlm_features' [B, P, E], 'mlm_embedding' [V, E] and 'mlm_bias' [V] instead of
     'mlm_logits' (for `losses.projected_cross_entropy_sums`)."""
-    return self._outputs(tokens, segments, valid, mlm_positions, deterministic, project=False)
+    return self._outputs(tokens, segments, valid, mlm_positions, (segment_ids, positions),
+                         deterministic, project=False)
 
-  def _outputs(self, tokens, segments, valid, mlm_positions, deterministic: bool,
+  def _outputs(self, tokens, segments, valid, mlm_positions, packing, deterministic: bool,
                project: bool) -> dict[str, jax.Array]:
-    hidden, pooled = self.encode(tokens, segments, valid, deterministic=deterministic)
+    hidden, pooled = self.encode(tokens, segments, valid, segment_ids=packing[0],
+                                 positions=packing[1], deterministic=deterministic)
     out = {'hidden': hidden, 'pooled': pooled}
     if self.mlm and mlm_positions is not None:
       if project:

@@ -16,6 +16,7 @@ from transformer_jax.kernels.masks import make_padding_mask
 from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
+from transformer_jax.layers.position import packed_positions
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.special_tokens import PAD_ID
@@ -62,13 +63,38 @@ def t5_config(version: str = '1.1', **overrides) -> TransformerConfig:
   return TransformerConfig(**values)
 
 
-def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID) -> jnp.ndarray:
-  """Decoder inputs: the targets delayed by one step, starting with `start_id` (teacher forcing)."""
+def shift_right(targets: jnp.ndarray, start_id: int = PAD_ID,
+                segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+  """Decoder inputs: the targets delayed by one step, starting with `start_id` (teacher forcing).
+
+  Packed rows (`segment_ids` [B, T]): every example starts with `start_id`, never with the last
+  token of the example before it.
+  """
   start = jnp.full(targets.shape[:1] + (1,), start_id, targets.dtype)
-  return jnp.concatenate([start, targets[:, :-1]], axis=1)
+  shifted = jnp.concatenate([start, targets[:, :-1]], axis=1)
+  if segment_ids is None:
+    return shifted
+  first = segment_ids != jnp.concatenate([jnp.zeros_like(segment_ids[:, :1]), segment_ids[:, :-1]],
+                                         axis=1)
+  return jnp.where(first, jnp.asarray(start_id, targets.dtype), shifted)
+
+
+def _packed(segment_ids, positions):
+  """(segment ids, positions) of a packed stream: positions derived from the ids if omitted."""
+  if segment_ids is not None and positions is None:
+    positions = packed_positions(segment_ids)
+  return segment_ids, positions
 
 
 class EncoderDecoder(nn.Module):
+  """Encoder-decoder logits for (source, target) rows.
+
+  Packed rows (several sentence pairs per row, `data/packing.py`) pass each side's segment ids
+  [B, S] / [B, T] (pair k of a row is source segment k and target segment k; 0 on padding) and
+  positions restarting at 0 per example (derived from the ids when omitted): the encoder attends
+  within each source, the decoder within each target (causally), its cross-attention to that
+  pair's source only, and every position encoding counts from the example's start.
+  """
   cfg: TransformerConfig
 
   def setup(self):
@@ -92,11 +118,19 @@ class EncoderDecoder(nn.Module):
       self.logits_dense = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
                                        dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def encode(self, inputs, *, deterministic: bool = True):
-    """inputs [B, S] (0 = padding) -> encoded [B, S, D]."""
-    valid = inputs != PAD_ID
-    x = self.encoder_input(inputs, jnp.arange(inputs.shape[1]), deterministic=deterministic)
-    return self.encoder(x, self_mask=make_padding_mask(valid, valid), deterministic=deterministic)
+  def encode(self, inputs, *, segment_ids=None, positions=None, deterministic: bool = True):
+    """inputs [B, S] (0 = padding) -> encoded [B, S, D]. Packed rows: `segment_ids` [B, S]
+    (their padding, id 0, is hidden from every real token, so no padding mask is built)."""
+    segment_ids, positions = _packed(segment_ids, positions)
+    mask = None
+    if segment_ids is None:
+      valid = inputs != PAD_ID
+      mask = make_padding_mask(valid, valid)
+    if positions is None:
+      positions = jnp.arange(inputs.shape[1])
+    x = self.encoder_input(inputs, positions, deterministic=deterministic)
+    return self.encoder(x, self_mask=mask, positions=positions, segment_ids=segment_ids,
+                        deterministic=deterministic)
 
   def decode(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
     """Logits [B, T, V] (float32) for decoder input tokens [B, T] given the encoded source."""
@@ -106,7 +140,8 @@ class EncoderDecoder(nn.Module):
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits.astype(jnp.float32)
 
-  def decoder_features(self, encoded, inputs, decoder_tokens, *, deterministic: bool = True):
+  def decoder_features(self, encoded, inputs, decoder_tokens, *, segment_ids=None, positions=None,
+                       inputs_segment_ids=None, deterministic: bool = True):
     """The decoder's final features [B, T, D] for decoder input tokens [B, T].
 
     Training passes the whole shifted target; decode mode passes one token a call. Only
@@ -114,12 +149,18 @@ class EncoderDecoder(nn.Module):
     sees a padded key, and padded queries carry no loss. The decoder's self-attention is causal
     by construction (no [T, T] mask is passed: the attention kernels apply causality
     themselves, and in decode mode the KV cache's mask does); the cross-attention hides padded
-    source tokens.
+    source tokens. Packed rows pass the target side's `segment_ids` and `positions` and the
+    source side's `inputs_segment_ids`, which replace the cross-attention's padding mask.
     """
-    positions = self.decoder_positions(decoder_tokens.shape[1])
-    cross_mask = (inputs != PAD_ID)[:, None, None, :]
+    segment_ids, positions = _packed(segment_ids, positions)
+    if positions is None:
+      positions = self.decoder_positions(decoder_tokens.shape[1])
+    cross_mask = None
+    if segment_ids is None:
+      cross_mask = (inputs != PAD_ID)[:, None, None, :]
     y = self.decoder_input(decoder_tokens, positions, deterministic=deterministic)
     return self.decoder(y, encoded, cross_mask=cross_mask, positions=positions,
+                        segment_ids=segment_ids, encoded_segment_ids=inputs_segment_ids,
                         deterministic=deterministic)
 
   def output_features(self, features: jnp.ndarray) -> jnp.ndarray:
@@ -136,17 +177,37 @@ class EncoderDecoder(nn.Module):
       return self.target_embed.embedding
     return nn.meta.unbox(self.logits_dense.variables['params']['kernel']).T
 
-  def __call__(self, inputs, targets, *, deterministic: bool = True):
+  def __call__(self, inputs, targets, *, inputs_segment_ids=None, inputs_positions=None,
+               targets_segment_ids=None, targets_positions=None, deterministic: bool = True):
     """Teacher-forced logits [B, T, V] for source `inputs` [B, S] and `targets` [B, T]."""
-    encoded = self.encode(inputs, deterministic=deterministic)
-    return self.decode(encoded, inputs, shift_right(targets), deterministic=deterministic)
+    features = self._teacher_forced_features(inputs, targets, inputs_segment_ids, inputs_positions,
+                                             targets_segment_ids, targets_positions, deterministic)
+    logits = self.target_embed.attend(features) if self.cfg.tie_output else self.logits_dense(
+        features)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits.astype(jnp.float32)
 
-  def features_and_embedding(self, inputs, targets, *, deterministic: bool = True):
+  def features_and_embedding(self, inputs, targets, *, inputs_segment_ids=None,
+                             inputs_positions=None, targets_segment_ids=None,
+                             targets_positions=None, deterministic: bool = True):
     """Teacher-forced (decoder features [B, T, D], `output_embedding()`): the training loss
     projects them onto the vocabulary itself (`losses.projected_cross_entropy_sums`, a slice
     at a time when the table is cache-sized). The features are `output_features`: those the
-    logits of `decode` are projected from."""
-    encoded = self.encode(inputs, deterministic=deterministic)
-    features = self.decoder_features(encoded, inputs, shift_right(targets),
+    logits of `decode` are projected from. Packed rows: both sides' segment ids and positions
+    (the class docstring)."""
+    features = self._teacher_forced_features(inputs, targets, inputs_segment_ids, inputs_positions,
+                                             targets_segment_ids, targets_positions, deterministic)
+    return features, self.output_embedding()
+
+  def _teacher_forced_features(self, inputs, targets, inputs_segment_ids, inputs_positions,
+                               targets_segment_ids, targets_positions, deterministic: bool):
+    if (inputs_segment_ids is None) != (targets_segment_ids is None):
+      raise ValueError('packed rows need the segment ids of both inputs and targets')
+    encoded = self.encode(inputs, segment_ids=inputs_segment_ids, positions=inputs_positions,
+                          deterministic=deterministic)
+    features = self.decoder_features(encoded, inputs,
+                                     shift_right(targets, segment_ids=targets_segment_ids),
+                                     segment_ids=targets_segment_ids, positions=targets_positions,
+                                     inputs_segment_ids=inputs_segment_ids,
                                      deterministic=deterministic)
-    return self.output_features(features), self.output_embedding()
+    return self.output_features(features)

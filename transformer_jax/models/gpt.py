@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from transformer_jax.layers.blocks import InputEmbedding, StepPositions, TransformerStack
 from transformer_jax.layers.dense import DenseGeneral
 from transformer_jax.layers.embedding import Embed
+from transformer_jax.layers.position import packed_positions
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 
@@ -63,6 +64,12 @@ class GPT(nn.Module):
 
   Uses `cfg.num_decoder_layers` layers. In decode mode (cfg.decode) each call continues from
   the KV cache: pass the prompt once (prefill), then one token per call.
+
+  Packed rows (several documents per row; `data/lm.py`) pass `segment_ids` [B, T] (1, 2, ... per
+  document, 0 on padding) and `positions` [B, T] (restarting at 0 per document; derived from
+  the ids when omitted): a token attends only to earlier tokens of its own document, and
+  learned, sinusoidal and rotary positions count from its document's start, so each document is
+  computed exactly as it would be alone in a row.
   """
   cfg: TransformerConfig
 
@@ -80,26 +87,33 @@ class GPT(nn.Module):
       self.lm_head = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
                                   dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def __call__(self, tokens, *, deterministic: bool = True):
+  def __call__(self, tokens, *, segment_ids=None, positions=None, deterministic: bool = True):
     """Logits [B, T, V] (float32) for tokens [B, T]."""
-    x = self.features(tokens, deterministic=deterministic)
+    x = self.features(tokens, segment_ids=segment_ids, positions=positions,
+                      deterministic=deterministic)
     logits = self.embed.attend(x) if self.cfg.tie_output else self.lm_head(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits.astype(jnp.float32)
 
-  def features_and_embedding(self, tokens, *, deterministic: bool = True):
+  def features_and_embedding(self, tokens, *, segment_ids=None, positions=None,
+                             deterministic: bool = True):
     """(final features [B, T, D], `output_embedding()`): for a loss that projects onto the
     vocabulary itself, a slice at a time (`losses.projected_cross_entropy_sums`)."""
-    return self.features(tokens, deterministic=deterministic), self.output_embedding()
+    features = self.features(tokens, segment_ids=segment_ids, positions=positions,
+                             deterministic=deterministic)
+    return features, self.output_embedding()
 
-  def features(self, tokens, *, deterministic: bool = True):
+  def features(self, tokens, *, segment_ids=None, positions=None, deterministic: bool = True):
     """The final layer's features [B, T, D], before the vocabulary projection."""
-    positions = self.positions(tokens.shape[1])
+    if segment_ids is not None and positions is None:
+      positions = packed_positions(segment_ids)
+    if positions is None:
+      positions = self.positions(tokens.shape[1])
     # No [T, T] mask: the stack's attention is causal by construction (the kernels apply
     # causality themselves and may skip hidden blocks; a mask would reach a flash kernel as a
     # score-sized bias). In decode mode the KV cache's mask provides it.
     x = self.input_embedding(tokens, positions, deterministic=deterministic)
-    return self.stack(x, positions=positions, deterministic=deterministic)
+    return self.stack(x, positions=positions, segment_ids=segment_ids, deterministic=deterministic)
 
   def output_embedding(self) -> jnp.ndarray:
     """The [V, D] matrix the logits score features against (tied table or output kernel)."""

@@ -3,6 +3,8 @@
 Pretraining batches (data/bert_pretrain.py): 'inputs', 'segments' [B, T]; 'mlm_positions',
 'mlm_ids', 'mlm_weights' [B, P] (the masked positions, their original ids, 1/0 for real/padded
 predictions); 'sentence_labels' [B] (0 = B follows A / in order, 1 = random / swapped).
+Packed pretraining rows (data.pack) add 'inputs_segment_ids' and 'inputs_positions' [B, T]
+(several examples a row; no sentence task then).
 Classification batches (data/classification.py): 'inputs', 'segments', 'labels', 'weights'.
 
 The trainer divides every metric sum by 'weight'. For pretraining that is the number of masked
@@ -26,6 +28,17 @@ def _count_tokens(batch) -> int:
   return int(np.count_nonzero(batch['inputs']))  # non-[PAD] input tokens
 
 
+def _count_slots(batch) -> int:
+  return int(batch['inputs'].size)  # the trainer's padding fraction: 1 - tokens / slots
+
+
+def packing_arguments(batch) -> dict:
+  """The model's packed-row keywords (segment ids, positions) from a batch that has them."""
+  if 'inputs_segment_ids' not in batch:
+    return {}
+  return {'segment_ids': batch['inputs_segment_ids'], 'positions': batch['inputs_positions']}
+
+
 class BertPretrainTask:
   """Masked-LM loss (+ the 2-way sentence loss for NSP or SOP); loss = MLM mean + sentence mean."""
 
@@ -47,7 +60,7 @@ class BertPretrainTask:
     rngs = None if deterministic else {'dropout': rng}
     return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
                             mlm_positions=batch['mlm_positions'], deterministic=deterministic,
-                            rngs=rngs, method=method)
+                            rngs=rngs, method=method, **packing_arguments(batch))
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
     out = self._apply(params, batch, rng, deterministic, method=Bert.features)
@@ -71,6 +84,9 @@ class BertPretrainTask:
 
   def count_tokens(self, batch) -> int:
     return _count_tokens(batch)
+
+  def count_slots(self, batch) -> int:
+    return _count_slots(batch)
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Sentence-task (NSP/SOP) loss and accuracy on the held-out batches."""
@@ -110,6 +126,9 @@ class BertClassificationTask:
 
   def count_tokens(self, batch) -> int:
     return _count_tokens(batch)
+
+  def count_slots(self, batch) -> int:
+    return _count_slots(batch)
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     return {}

@@ -65,11 +65,18 @@ class LanguageModelTask:
     return self.model.init({'params': rng, 'dropout': rng}, dummy)
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
-    """Mean next-token cross-entropy over every position (windows have no padding)."""
+    """Mean next-token cross-entropy over every position (windows have no padding).
+
+    Packed windows (data.pack; 'inputs_segment_ids', 'inputs_positions') keep each document to
+    itself: a token sees only its own document's earlier tokens (an EOS starts the next one).
+    """
     rngs = None if deterministic else {'dropout': rng}
+    packing = {}
+    if 'inputs_segment_ids' in batch:
+      packing = dict(segment_ids=batch['inputs_segment_ids'], positions=batch['inputs_positions'])
     features, embedding = self.model.apply({'params': params}, batch['inputs'],
                                            deterministic=deterministic, rngs=rngs,
-                                           method=GPT.features_and_embedding)
+                                           method=GPT.features_and_embedding, **packing)
     weights = jnp.ones(batch['targets'].shape, jnp.float32)
     _, nll_sum, correct, weight = projected_cross_entropy_sums(features, embedding,
                                                                batch['targets'], weights)
@@ -77,6 +84,9 @@ class LanguageModelTask:
 
   def count_tokens(self, batch) -> int:
     return int(batch['inputs'].size)  # every position is trained on; id 0 is a real token
+
+  def count_slots(self, batch) -> int:
+    return int(batch['inputs'].size)
 
   # -- generation -----------------------------------------------------------------------------
 

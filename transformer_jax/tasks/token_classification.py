@@ -55,6 +55,9 @@ class TokenClassificationTask:
   def count_tokens(self, batch) -> int:
     return int(np.count_nonzero(batch['inputs']))
 
+  def count_slots(self, batch) -> int:
+    return int(batch['inputs'].size)
+
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     """'accuracy_<tag>' per tag that occurs in the held-out batches."""
     if not self.eval_batches:

@@ -22,6 +22,10 @@ from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models import EncoderDecoder
 
+# The keys of a packed batch (data/packing.py) beyond 'inputs' and 'targets'.
+PACKING_KEYS = ('inputs_segment_ids', 'inputs_positions', 'targets_segment_ids',
+                'targets_positions')
+
 
 class TranslationTask:
   """Sequence-to-sequence training and decoding for an `EncoderDecoder`."""
@@ -49,10 +53,14 @@ class TranslationTask:
     return self.model.init({'params': rng, 'dropout': rng}, dummy, dummy)
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
+    """Label-smoothed cross-entropy per target token (padding excluded). Packed rows carry
+    each side's segment ids and positions (`PACKING_KEYS`); the loss is the same sum over
+    the same tokens, so a packed batch trains as its examples would unpacked."""
     rngs = None if deterministic else {'dropout': rng}
+    packing = {key: batch[key] for key in PACKING_KEYS if key in batch}
     features, embedding = self.model.apply({'params': params}, batch['inputs'], batch['targets'],
                                            deterministic=deterministic, rngs=rngs,
-                                           method=EncoderDecoder.features_and_embedding)
+                                           method=EncoderDecoder.features_and_embedding, **packing)
     weights = batch['targets'] != PAD_ID
     smooth_sum, nll_sum, correct, weight = projected_cross_entropy_sums(
         features, embedding, batch['targets'], weights,

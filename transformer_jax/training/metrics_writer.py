@@ -4,11 +4,14 @@ The trainer hands scalars, text and images to a `MetricsWriter` and knows nothin
 formats; other processes of a multi-host job get a writer that drops everything.
 """
 
+import itertools
 import json
 import os
 import sys
 
 import numpy as np
+
+_WRITER_NUMBERS = itertools.count()
 
 
 def _summary_writer(logdir: str):
@@ -26,7 +29,9 @@ def _summary_writer(logdir: str):
       from tensorboardX import SummaryWriter
     finally:
       del sys.modules['torch']
-  return SummaryWriter(logdir)
+  # The event file is named by the second it was created and the host: a run resumed within the
+  # same second (tests, a quick restart) would otherwise overwrite the earlier run's file.
+  return SummaryWriter(logdir, filename_suffix=f'.{os.getpid()}.{next(_WRITER_NUMBERS)}')
 
 
 class MetricsWriter:

@@ -1,6 +1,7 @@
 """One trainer for every model: it knows a `Task` (loss and extra evaluation), not the model.
 
     state = init_or_restore()                 # sharded over the mesh, or resumed from a checkpoint
+    provenance                                # code, versions, devices, config: one line per start
     loop: batch -> train_step (jit, donated state) -> log / eval / checkpoint
 
 The step functions are pure (`train_step.py`); everything stateful on the host (data position,
@@ -22,16 +23,17 @@ from absl import logging
 
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.parallel import sharding
-from transformer_jax.training import preemption
+from transformer_jax.training import preemption, provenance
 from transformer_jax.training.checkpointing import Checkpointer
 from transformer_jax.training.metrics_writer import MetricsWriter
 from transformer_jax.training.optimizer import make_optimizer
+from transformer_jax.training.profiling import ProfileWindow, profile_window
 from transformer_jax.training.train_step import (Batch, Metrics, TrainState, build_train_step,
                                                  make_eval_step, make_train_step)
 
 __all__ = [
-    'EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'make_eval_step',
-    'make_train_step'
+    'EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'count_slots', 'count_tokens',
+    'make_eval_step', 'make_train_step'
 ]
 
 
@@ -58,6 +60,9 @@ class Task(Protocol):
 
   # Optional: `count_tokens(batch) -> int`, the tokens a batch trains on (for tokens/s); the
   # default counts non-padding ids in 'inputs' and 'targets'.
+  # Optional: `count_slots(batch) -> int`, the token positions of the batch those tokens fill
+  # (train/padding_fraction = 1 - tokens / slots); the default is the size of 'inputs' and
+  # 'targets'. A task whose count_tokens counts only 'inputs' counts only 'inputs' here too.
   # Optional: `summary_images(params) -> {tag: uint8 [H, W, 3]}`, pictures (attention maps of a
   # fixed sample) written to TensorBoard at every evaluation; run on every process.
 
@@ -83,6 +88,11 @@ def format_duration(seconds: float) -> str:
 def count_tokens(batch: Batch) -> int:
   """Non-padding tokens in the model's inputs and targets (what tokens/s counts)."""
   return int(sum(np.count_nonzero(batch[k]) for k in ('inputs', 'targets') if k in batch))
+
+
+def count_slots(batch: Batch) -> int:
+  """Token positions of the model's inputs and targets, padding included (count_tokens' whole)."""
+  return int(sum(np.size(batch[k]) for k in ('inputs', 'targets') if k in batch))
 
 
 class Trainer:
@@ -204,19 +214,31 @@ class Trainer:
     step = int(jax.device_get(state.step))
     logging.info('model has %s parameters; training from step %d to %d on mesh %s',
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
+    self._write_provenance(step)
     progress = _Progress(step, num_steps, float(train.get('max_minutes', 0) or 0), log_every)
     guard = _NonFiniteGuard(int(train.get('max_nonfinite', 10)), self.checkpointer.directory)
+    profiler = ProfileWindow(profile_window(train.get('profile_steps', '')),
+                             os.path.join(self.workdir, 'profile'), step)
     tokens_in = getattr(self.task, 'count_tokens', count_tokens)
+    slots_in = getattr(self.task, 'count_slots', count_slots)
     iterator, pending, final, stop = iter(train_data), [], {}, None
     try:
       with sharding.use_mesh(self.mesh, self.rules), preemption.StopSignal() as stop_signal:
         while step < num_steps and stop is None:
           batch = next(iterator)
-          progress.add_tokens(tokens_in(batch) * jax.process_count())
+          progress.add_tokens(
+              tokens_in(batch) * jax.process_count(),
+              slots_in(batch) * jax.process_count())
+          profiler.before_step(step)
           state, metrics = self._train_step(state, self.to_global(batch))
           step += 1
           pending.append(metrics)
+          profiler.after_step(step, metrics)
           progress.first_step_done(metrics)
+          if progress.max_minutes and len(pending) > 1:
+            # Dispatch runs ahead of the device by up to log_every steps; the budget's clock
+            # must see finished steps (waiting on the one before keeps one step in flight).
+            jax.block_until_ready(pending[-2])
           stop = stop_signal.check(step) or progress.stop_reason(step)
           if step % log_every == 0 or stop:
             final.update(self._log_train(step, _host_sums(pending), progress, guard))
@@ -236,15 +258,27 @@ class Trainer:
                          step)
           final.update(self._evaluate_and_log(state.params, step, eval_batches_fn))
     finally:
+      profiler.stop()  # also when the loop ends early inside the window, or raises
       self.checkpointer.wait()
       self.metrics.flush()
     self.state = state
     return {**final, **progress.totals(step), 'interrupted': interrupted}
 
+  def _write_provenance(self, step: int):
+    """One line of WORKDIR/provenance.jsonl and TensorBoard text 'provenance' (chief only)."""
+    if not self.is_chief:
+      return
+    record = provenance.collect(self.config, self.mesh, step)
+    if record['git']['error']:
+      logging.info('provenance: no git commit for the code (%s)', record['git']['error'])
+    path = provenance.append(self.workdir, record)
+    self.metrics.text(step, 'provenance', provenance.as_markdown(record))
+    logging.info('provenance of this run (start step %d) appended to %s', step, path)
+
   def _log_train(self, step: int, sums: dict[str, float], progress: '_Progress',
                  guard: '_NonFiniteGuard') -> dict[str, float]:
     """One progress line and the train/* scalars for the steps since the last one."""
-    steps, seconds, tokens = progress.interval(step)
+    steps, seconds, tokens, slots = progress.interval(step)
     weight = max(sums.get('weight', 0.0), 1.0)
     scalars = {
         'loss': sums.get('loss', 0.0) / weight,
@@ -253,14 +287,17 @@ class Trainer:
         'learning_rate': float(self.schedule(step - 1)),
         'steps_per_s': steps / seconds,
         'tokens_per_s': tokens / seconds,
+        # Slots the batches held but no token filled (bucket or row padding), this interval.
+        'padding_fraction': 1.0 - tokens / slots if slots else 0.0,
         'skipped_nonfinite': guard.add(int(sums.get('skipped', 0))),
     }
     self.metrics.scalars(step, scalars, 'train')
     logging.info(
         'step %d/%d | loss %.4f | acc %.3f | lr %.2e | gnorm %.2f | %.2f steps/s | %s '
-        'tok/s | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
+        'tok/s | pad %.1f%% | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
         scalars['accuracy'], scalars['learning_rate'], scalars['grad_norm'], scalars['steps_per_s'],
-        f"{scalars['tokens_per_s']:,.0f}", format_duration(progress.elapsed()),
+        f"{scalars['tokens_per_s']:,.0f}", 100 * scalars['padding_fraction'],
+        format_duration(progress.elapsed()),
         format_duration(progress.remaining(step, scalars['steps_per_s'])))
     guard.check(step)
     return {f'train_{k}': v for k, v in scalars.items()}
@@ -274,17 +311,20 @@ _DONE, _OUT_OF_TIME = 'done', 'time budget'
 
 
 class _Progress:
-  """The loop's clock: tokens and steps per log interval, the time budget, the ETA."""
+  """The loop's clock: tokens, slots and steps per log interval, the time budget, the ETA."""
 
   def __init__(self, step: int, num_steps: int, max_minutes: float, log_every: int):
     self.num_steps, self.max_minutes, self.log_every = num_steps, max_minutes, log_every
     self.start = self.last_time = time.time()
     self.last_step, self.tokens_since_log, self.total_tokens = step, 0, 0
+    self.slots_since_log = 0
     self.first_step_seconds = None
 
-  def add_tokens(self, tokens: int):
+  def add_tokens(self, tokens: int, slots: int = 0):
+    """`tokens` trained on, in batches of `slots` positions (padding included)."""
     self.tokens_since_log += tokens
     self.total_tokens += tokens
+    self.slots_since_log += slots
 
   def first_step_done(self, metrics):
     if self.first_step_seconds is None:
@@ -305,11 +345,12 @@ class _Progress:
       return _OUT_OF_TIME
     return _DONE if step >= self.num_steps else None
 
-  def interval(self, step: int) -> tuple[int, float, int]:
-    """(steps, seconds, tokens) since the last call; starts the next interval."""
+  def interval(self, step: int) -> tuple[int, float, int, int]:
+    """(steps, seconds, tokens, slots) since the last call; starts the next interval."""
     now = time.time()
-    out = step - self.last_step, max(now - self.last_time, 1e-9), self.tokens_since_log
-    self.last_step, self.last_time, self.tokens_since_log = step, now, 0
+    out = (step - self.last_step, max(now - self.last_time,
+                                      1e-9), self.tokens_since_log, self.slots_since_log)
+    self.last_step, self.last_time, self.tokens_since_log, self.slots_since_log = step, now, 0, 0
     return out
 
   def remaining(self, step: int, steps_per_s: float) -> float:

@@ -9,11 +9,15 @@ RoBERTa's byte-level BPE ('byte_bpe': trained on the training text, saved as HF 
 in WORKDIR/tokenizer/); `Bert` with the MLM head and, per data.sentence_task, an NSP ('nsp'),
 SOP ('sop') or no sentence head ('none': one-document rows; 'full_sentences': RoBERTa's rows
 packed across documents; data/bert_pretrain.py describes each). data.type_vocab_size is the
-number of segment ids (2; RoBERTa's 1).
+number of segment ids (2; RoBERTa's 1). data.pack=True packs several complete examples into each
+row, with 'inputs_segment_ids' and 'inputs_positions' ('none' and 'full_sentences' only: the
+NSP/SOP head reads one [CLS] per row; 'full_sentences' then keeps every example inside one
+document, RoBERTa's DOC-SENTENCES without the padding).
 Fine-tuning (config.mode='finetune'): SST-2-style sentence classification starting from an HF
 checkpoint (init.hf_dir: config.json's model_type 'bert' or 'roberta') or a pretraining workdir
 of ours (init.bert_workdir). Sentence pairs (GLUE RTE, MRPC, MNLI...): data.text_columns names
-two TSV columns, or data.tfds_name a GLUE pair task; segment ids 0 and 1.
+two TSV columns, or data.tfds_name a GLUE pair task; segment ids 0 and 1. Not packed: the
+classifier reads each row's one [CLS] (data.pack=True is refused).
 
 Using a trained workdir (each reads the workdir's saved config and tokenizer, and refuses a
 workdir of the wrong kind or without a checkpoint with one ConfigError line, writing nothing):
@@ -159,12 +163,22 @@ def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
   return task, Trainer(config, task, workdir), tokenizer
 
 
+def packed(config) -> bool:
+  """config.data.pack (False in configs written before it existed)."""
+  return bool(config.data.get('pack', False))
+
+
 def _check_sentence_task(config):
-  """data.sentence_task and data.type_vocab_size: known, and enough segment ids for pairs."""
+  """data.sentence_task and data.type_vocab_size: known, and enough segment ids for pairs;
+  data.pack only with a task without a per-row sentence label."""
   from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
   task_name = config.data.sentence_task
   if task_name not in SENTENCE_TASKS:
     raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task_name!r}')
+  if packed(config) and task_name in PAIR_TASKS:
+    raise ConfigError(f'data.pack=True cannot pack data.sentence_task={task_name!r}: its sentence '
+                      "head reads one [CLS] per row; use sentence_task 'none' or "
+                      "'full_sentences', or data.pack=False")
   types = segment_types(config)
   if types < 1:
     raise ConfigError(f'data.type_vocab_size must be at least 1, got {types}')
@@ -187,16 +201,24 @@ def validate_pretrain(config):
   validation.check_training(config, int(config.data.batch_size))
 
 
+def pretrain_options(config):
+  """The `bert_pretrain.PretrainOptions` of a pretraining config."""
+  from transformer_jax.data import bert_pretrain
+  data = config.data
+  short_seq_prob = float(data.get('short_seq_prob', 0.1))
+  return bert_pretrain.PretrainOptions(max_len=int(data.max_len),
+                                       max_predictions=int(data.max_predictions),
+                                       mask_rate=float(data.mask_rate),
+                                       sentence_task=data.sentence_task,
+                                       short_seq_prob=short_seq_prob, pack=packed(config))
+
+
 def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
   """(endless training batches, fixed held-out batches)."""
   from transformer_jax.data import bert_pretrain
   data = config.data
   index, count = _process()
-  options = bert_pretrain.PretrainOptions(max_len=int(data.max_len),
-                                          max_predictions=int(data.max_predictions),
-                                          mask_rate=float(data.mask_rate),
-                                          sentence_task=data.sentence_task,
-                                          short_seq_prob=float(data.get('short_seq_prob', 0.1)))
+  options = pretrain_options(config)
   train_docs = bert_pretrain.tokenize_documents(tokenizer, train_documents)
   valid_docs = bert_pretrain.tokenize_documents(tokenizer, valid_documents)
   train = bert_pretrain.PretrainBatches(train_docs, tokenizer, options,
@@ -265,15 +287,19 @@ def abstract_task(config, num_devices: int | None = None):
                         'position table)')
     task = BertPretrainTask(cfg, sentence_task=model_sentence_task(config.data.sentence_task),
                             type_vocab_size=segment_types(config))
-    predictions = int(config.data.max_predictions)
+    predictions = pretrain_options(config).row_predictions
     weights = jax.ShapeDtypeStruct((rows, predictions), np.float32)
-    return task, {
+    shapes = {
         'inputs': i32(rows, length), 'segments': i32(rows, length),
         'mlm_positions': i32(rows, predictions), 'mlm_ids': i32(rows, predictions),
         'mlm_weights': weights, 'sentence_labels': i32(rows)
     }
+    if packed(config):
+      shapes.update(inputs_segment_ids=i32(rows, length), inputs_positions=i32(rows, length))
+    return task, shapes
   from transformer_jax.tasks.bert import BertClassificationTask
   validation.require_keys(config, 'data', ('max_len', 'batch_size', 'num_labels'))
+  _refuse_packed_finetuning(config)
   cfg, type_vocab_size = init_model_config(config)
   if length > cfg.max_len:
     raise ConfigError(f'data.max_len={length} exceeds the model position table ({cfg.max_len})')
@@ -438,9 +464,17 @@ def label_names(config, num_labels: int) -> tuple[str, ...]:
   return names or tuple(str(i) for i in range(num_labels))
 
 
+def _refuse_packed_finetuning(config):
+  if packed(config):
+    raise ConfigError('data.pack=True is for pretraining only: fine-tuning is not packed (the '
+                      'classifier reads one [CLS] per row, one example per row); set '
+                      'data.pack=False')
+
+
 def validate_finetune(config):
   """The checks of a fine-tuning run that need no data; the pretrained model's position table
   is checked against data.max_len once it is loaded, still before anything is written."""
+  _refuse_packed_finetuning(config)
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'num_labels'))
   validation.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
   validation.check_training(config, int(config.data.batch_size))
@@ -687,6 +721,7 @@ def run(config, workdir: str, mode: str = '') -> dict:
     raise ConfigError(f'mode must be one of {TRAIN_MODES} (--mode or config.mode), got {mode!r}')
   if mode == 'pretrain':
     return pretrain(config, workdir)
+  _refuse_packed_finetuning(config)  # token classification included
   if config.data.get('task', '') == 'token_classification':
     # One label per word (CoNLL files): its own data, task and head on the same fine-tuning
     # path (imported here: workflows/token_classification.py builds on this module).

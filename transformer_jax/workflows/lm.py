@@ -14,6 +14,10 @@ text; documents joined with EOS) or 'byte_bpe' (GPT-2's byte-level BPE with
 tokenizer.vocab_size tokens, trained on the training text and saved as the Hugging Face
 folder tokenizer/, which transformers.AutoTokenizer reads; documents joined with
 '<|endoftext|>', as GPT-2's were).
+Packing (config.data.pack=True): every training and evaluation window also carries
+'inputs_segment_ids' and 'inputs_positions' from its EOS ids (data/lm.py), so no token attends
+to another document and positions restart at each one. It needs documents joined with EOS, i.e.
+a subword tokenizer; a 'char' tokenizer is refused before anything is written.
 """
 
 import math
@@ -135,8 +139,23 @@ def validate(config):
   (with the requested vocabulary size, before a tokenizer is trained), training switches, the
   batch against the mesh."""
   validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
+  check_pack(config)
   model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
   validation.check_training(config, int(config.data.batch_size))
+
+
+def packed(config) -> bool:
+  """config.data.pack (False in configs written before it existed)."""
+  return bool(config.data.get('pack', False))
+
+
+def check_pack(config):
+  """ConfigError unless data.pack=True has documents to segment: segment boundaries are the
+  EOS ids between documents, which only a subword tokenizer's stream has."""
+  if packed(config) and config.tokenizer.type == 'char':
+    raise ConfigError("data.pack=True needs documents (a subword tokenizer whose documents are "
+                      "joined with EOS: tokenizer.type='sentencepiece' or 'byte_bpe'); "
+                      "tokenizer.type='char' reads one character stream without them")
 
 
 def build(config, workdir: str, train_documents: list[str] | None = None):
@@ -166,24 +185,38 @@ def abstract_task(config, num_devices: int | None = None):
   from transformer_jax.tasks.lm import LanguageModelTask
   del num_devices
   validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
+  check_pack(config)
   task = LanguageModelTask(model_config(config, int(config.tokenizer.get('vocab_size', 256))))
   shape = (int(config.data.batch_size), int(config.data.block_size))
-  return task, {k: jax.ShapeDtypeStruct(shape, np.int32) for k in ('inputs', 'targets')}
+  keys = ['inputs', 'targets']
+  if packed(config):
+    keys += ['inputs_segment_ids', 'inputs_positions']
+  return task, {k: jax.ShapeDtypeStruct(shape, np.int32) for k in keys}
 
 
-def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray):
-  """(training windows, fixed evaluation batches)."""
+def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray,
+              eos_id: int | None = None):
+  """(training windows, fixed evaluation batches); with data.pack, both segmented at `eos_id`
+  (the EOS that joins the documents: `data.lm.lm_eos_id` of the tokenizer)."""
   import jax
   data = config.data
   block, batch = int(data.block_size), int(data.batch_size)
+  pack_eos_id = None
+  if packed(config):
+    check_pack(config)
+    if eos_id is None:
+      raise ConfigError('data.pack=True needs documents joined with EOS, and this tokenizer has '
+                        'no EOS; set data.pack=False')
+    pack_eos_id = int(eos_id)
   train = lm_data.RandomWindows(train_tokens, block_size=block, batch_size=batch,
                                 seed=int(config.seed), process_index=jax.process_index(),
-                                process_count=jax.process_count())
+                                process_count=jax.process_count(), pack_eos_id=pack_eos_id)
   # Every process evaluates the same windows; each feeds its own rows of them.
   local = batch // jax.process_count()
   rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-  valid = [{k: v[rows] for k, v in b.items()} for b in lm_data.eval_batches(
-      valid_tokens, block, batch, int(data.eval_batches), seed=int(config.seed) + 1)]
+  batches = lm_data.eval_batches(valid_tokens, block, batch, int(data.eval_batches),
+                                 seed=int(config.seed) + 1, pack_eos_id=pack_eos_id)
+  valid = [{k: v[rows] for k, v in b.items()} for b in batches]
   return train, valid
 
 
@@ -197,7 +230,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_tokens, valid_tokens = encode(tokenizer, train_docs), encode(tokenizer, valid_docs)
   logging.info('tokens: %s train, %s validation; vocabulary %d', f'{len(train_tokens):,}',
                f'{len(valid_tokens):,}', tokenizer.vocab_size)
-  train_data, valid_batches = make_data(config, train_tokens, valid_tokens)
+  train_data, valid_batches = make_data(config, train_tokens, valid_tokens,
+                                        lm_data.lm_eos_id(tokenizer))
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   results['params'] = trainer.num_params()
   trainer.close()
@@ -276,6 +310,10 @@ def evaluate_file(task, params, tokenizer, path: str, stride: int | None = None,
   the cost of disjoint windows); each token is scored once (`data.lm.sliding_windows`).
   loss is the mean next-token NLL in nats, perplexity exp(loss), and bits per unit
   loss / ln 2 * tokens / units (`evaluation_tokens`).
+
+  The file is scored as one document (`evaluation_tokens` starts it with EOS or BOS and puts no
+  EOS inside), so a model trained with data.pack=True sees what packing would give it: one
+  segment per window, positions 0..T-1. No segment ids are needed.
   """
   window = int(task.cfg.max_len)
   stride = max(1, window // 2) if stride is None else int(stride)

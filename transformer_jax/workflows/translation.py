@@ -24,7 +24,7 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
-from transformer_jax.data import batching, span_corruption, text, tokenizer as tok
+from transformer_jax.data import batching, packing, span_corruption, text, tokenizer as tok
 from transformer_jax.data.numbers import make_numbers_splits
 from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
@@ -46,6 +46,18 @@ def data_task(config) -> str:
   if task not in (TRANSLATION, SPAN_CORRUPTION):
     raise ConfigError(f"data.task must be '{TRANSLATION}' or '{SPAN_CORRUPTION}', got {task!r}")
   return task
+
+
+def data_pack(config) -> bool:
+  """config.data.pack: several pairs per row of one length (data/packing.py), or buckets.
+
+  Configs saved before packing existed have no such key: buckets. Span corruption's chunks
+  already fill data.max_len, so it ignores the switch (packing would only add segment ids).
+  """
+  pack = config.data.get('pack', False)
+  if not isinstance(pack, bool):
+    raise ConfigError(f'data.pack must be True or False, got {pack!r}')
+  return pack and data_task(config) != SPAN_CORRUPTION
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -142,6 +154,7 @@ def validate(config):
   multiple of data x fsdp (x accumulation steps), so no batch size is checked here.
   """
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
+  data_pack(config)
   if data_task(config) == SPAN_CORRUPTION:
     validate_span_corruption(config)
   if init_source(config)[0] and data_task(config) != TRANSLATION:
@@ -193,7 +206,9 @@ def abstract_task(config, num_devices: int | None = None):
   The batch is the longest bucket's (the most attention work and activation memory), with as
   many rows as `BucketedBatcher` gives it: batch_tokens // length rounded down to a multiple of
   data x fsdp (x accumulation steps) over `num_devices` (default: jax's). Span corruption's
-  targets are as short as its batches make them.
+  targets are as short as its batches make them. Packed (data.pack), it is the one shape of
+  every batch, [rows, data.max_len rounded up to 8], with the segment ids and positions of
+  both streams.
   """
   import jax
   import numpy as np
@@ -207,6 +222,14 @@ def abstract_task(config, num_devices: int | None = None):
   num_devices = jax.device_count() if num_devices is None else num_devices
   data, fsdp, _ = sharding.mesh_shape(dict(config.get('mesh', None) or {'data': -1}), num_devices)
   multiple_of = data * fsdp * int(config.train.get('accumulation_steps', 1))
+  if data_pack(config):
+    length = packing.row_length(int(config.data.max_len))
+    rows = packing.rows_per_batch(int(config.data.batch_tokens), length, multiple_of)
+    shape = jax.ShapeDtypeStruct((rows, length), np.int32)
+    return task, {
+        f'{stream}{suffix}': shape for stream in ('inputs', 'targets')
+        for suffix in ('', '_segment_ids', '_positions')
+    }
   length = batching.bucket_lengths(int(config.data.max_len), config.data.buckets)[-1]
   rows = max(multiple_of, (int(config.data.batch_tokens) // length) // multiple_of * multiple_of)
   targets = length
@@ -218,16 +241,36 @@ def abstract_task(config, num_devices: int | None = None):
 
 
 def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
+  """Training (endless, shuffled) or evaluation (one ordered pass) batches of the pairs:
+  length buckets, or with data.pack one shape of packed rows (validation too, so the eval
+  step compiles once). Pairs longer than data.max_len are filtered or truncated either way."""
   import jax
   data = config.data
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
   from transformer_jax.parallel.sharding import data_parallel_size
-  return batching.BucketedBatcher(
-      src_ids, tgt_ids, batch_tokens=data.batch_tokens,
-      buckets=batching.bucket_lengths(data.max_len, data.buckets), seed=config.seed, shuffle=train,
+  kwargs = dict(
+      batch_tokens=data.batch_tokens, seed=config.seed, shuffle=train,
       multiple_of=data_parallel_size(trainer.mesh) * (trainer.accumulation_steps if train else 1),
       process_index=jax.process_index(), process_count=jax.process_count())
+  if data_pack(config):
+    return packing.PackedBatcher(src_ids, tgt_ids, length=packing.row_length(data.max_len),
+                                 **kwargs)
+  return batching.BucketedBatcher(src_ids, tgt_ids,
+                                  buckets=batching.bucket_lengths(data.max_len,
+                                                                  data.buckets), **kwargs)
+
+
+def padding_fraction(config, batcher, epoch: int = 0) -> float:
+  """1 - tokens / slots over the global batches of `epoch` of `make_batcher`'s `batcher`:
+  the share of its [rows, length] id slots, source and target, top-up rows included, that
+  hold padding (the plan's, so without building a batch)."""
+  if isinstance(batcher, packing.PackedBatcher):
+    return batcher.plan_stats(epoch)['padding_fraction']
+  lengths = batching.bucket_lengths(config.data.max_len, config.data.buckets)
+  slots = sum(len(indices) * lengths[bucket] for bucket, indices in batcher.epoch_batches(epoch))
+  # Every example is in exactly one batch of the epoch.
+  return 1.0 - batcher.num_tokens / (2 * slots)
 
 
 def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
