@@ -48,6 +48,7 @@ from transformer_jax.cli.workdir import prepare_workdir
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.workflows import bert
+from transformer_jax.workflows import bert_use
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -86,11 +87,11 @@ def _write(lines: list[str]) -> None:
 
 
 def predict(workdir: str) -> None:
-  config, task, params, tokenizer = bert.restore_classifier(workdir)
+  config, task, params, tokenizer = bert_use.restore_classifier(workdir)
   names = bert.label_names(config, task.num_labels)
   lines = _read_lines()
-  texts = bert.parse_lines(lines, bert.is_pair_task(config))
-  probs = bert.classify(task, params, tokenizer, texts, batch_size=_BATCH.value)
+  texts = bert_use.parse_lines(lines, bert.is_pair_task(config))
+  probs = bert_use.classify(task, params, tokenizer, texts, batch_size=_BATCH.value)
   out = []
   for p in probs:
     best = int(p.argmax())
@@ -108,10 +109,10 @@ def predict(workdir: str) -> None:
 def fill_mask(workdir: str) -> None:
   if _TOP_K.value < 1:
     raise ConfigError(f'--top_k must be at least 1, got {_TOP_K.value}')
-  model, params, tokenizer = bert.restore_mlm(workdir, _HF_DIR.value)
+  model, params, tokenizer = bert_use.restore_mlm(workdir, _HF_DIR.value)
   lines = _read_lines()
-  results = bert.fill_mask(model, params, tokenizer, lines, top_k=_TOP_K.value,
-                           batch_size=_BATCH.value)
+  results = bert_use.fill_mask(model, params, tokenizer, lines, top_k=_TOP_K.value,
+                               batch_size=_BATCH.value)
   token = getattr(tokenizer, 'id_to_token', None) or (lambda i: tokenizer.decode([i]))
   out = []
   for line, masks in zip(lines, results):
@@ -152,7 +153,7 @@ def main(argv):
       test = _CONFIG.value.data.get('test', '') if _CONFIG.value is not None else ''
       if not test and _INPUT.value != '-':
         test = _INPUT.value
-      results = bert.evaluate_file(workdir, test, batch_size=_BATCH.value)
+      results = bert_use.evaluate_file(workdir, test, batch_size=_BATCH.value)
       print(json.dumps(results), flush=True)
     return
   if _CONFIG.value is None:

@@ -12,6 +12,7 @@ from transformer_jax.data import classification
 from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.errors import DataError
 from transformer_jax.workflows import bert as workflow
+from transformer_jax.workflows import bert_use
 
 WORDS = [f'w{i}' for i in range(8)]
 NAMES = ('different', 'same')
@@ -88,16 +89,16 @@ def test_pair_model_learns_sameness(tmp_path):
   assert results['dev_accuracy'] >= 0.95, results
 
   # The saved workdir predicts tab-separated pairs with the same accuracy.
-  saved, task, params, tokenizer = workflow.restore_classifier(workdir)
+  saved, task, params, tokenizer = bert_use.restore_classifier(workdir)
   assert workflow.is_pair_task(saved)
-  texts = workflow.parse_lines([f'{a}\t{b}' for a, b, _ in dev], pairs=True)
-  probs = workflow.classify(task, params, tokenizer, texts)
+  texts = bert_use.parse_lines([f'{a}\t{b}' for a, b, _ in dev], pairs=True)
+  probs = bert_use.classify(task, params, tokenizer, texts)
   np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
   assert np.mean(probs.argmax(-1) == [y for _, _, y in dev]) >= 0.95
   with pytest.raises(DataError, match='input line 2 has no tab'):
-    workflow.parse_lines(['a\tb', 'just one'], pairs=True)
+    bert_use.parse_lines(['a\tb', 'just one'], pairs=True)
   # evaluate reads the labelled file with the saved columns and label names.
-  scores = workflow.evaluate_file(workdir, str(data / 'dev.tsv'))
+  scores = bert_use.evaluate_file(workdir, str(data / 'dev.tsv'))
   assert scores['examples'] == 128 and abs(scores['accuracy'] - results['dev_accuracy']) < 1e-6
 
 

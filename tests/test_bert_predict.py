@@ -26,6 +26,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.models.bert import Bert, bert_config
 from transformer_jax.workflows import bert as workflow
+from transformer_jax.workflows import bert_use
 
 SPECIAL = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
 POSITIVE, NEGATIVE = ['great', 'lovely', 'good', 'fine'], ['dull', 'boring', 'bad', 'awful']
@@ -182,9 +183,9 @@ def test_wrong_workdirs_are_one_line_and_write_nothing(finetuned, tmp_path):
   with pytest.raises(ConfigError, match='not a BERT workdir'):
     (tmp_path / 'other').mkdir()
     (tmp_path / 'other' / 'config.json').write_text('{"model": {}}')
-    workflow.restore_classifier(str(tmp_path / 'other'))
+    bert_use.restore_classifier(str(tmp_path / 'other'))
   with pytest.raises(ConfigError, match='has no config.json'):
-    workflow.restore_classifier(str(tmp_path / 'missing'))
+    bert_use.restore_classifier(str(tmp_path / 'missing'))
   assert not (tmp_path / 'missing').exists()
 
 
@@ -246,9 +247,9 @@ def test_fill_mask_from_a_pretraining_workdir(tmp_path):
   config.train.update(num_steps=2, eval_every=2, checkpoint_every=2, log_every=2)
   workdir = str(tmp_path / 'pre')
   workflow.pretrain(config, workdir)
-  model, params, tokenizer = workflow.restore_mlm(workdir)
+  model, params, tokenizer = bert_use.restore_mlm(workdir)
   lines = ['the [MASK] was', '[MASK] film [MASK] very good and the cast ' * 3]  # truncated
-  results = workflow.fill_mask(model, params, tokenizer, lines, top_k=3)
+  results = bert_use.fill_mask(model, params, tokenizer, lines, top_k=3)
   # Hand check: softmax over the vocabulary of the MLM logits at each [MASK] of [CLS] line [SEP].
   for line, masks in zip(lines, results):
     ids, _ = tokenizer.build_pair(tokenizer.encode(line), None, 16)
@@ -261,4 +262,4 @@ def test_fill_mask_from_a_pretraining_workdir(tmp_path):
       assert [i for i, _ in mask] == list(np.argsort(-p)[:3])
       np.testing.assert_allclose([q for _, q in mask], np.sort(p)[::-1][:3], atol=1e-6)
   with pytest.raises(ConfigError, match='one model'):
-    workflow.restore_mlm(workdir, hf_dir=workdir)
+    bert_use.restore_mlm(workdir, hf_dir=workdir)

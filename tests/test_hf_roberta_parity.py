@@ -21,6 +21,7 @@ transformers = pytest.importorskip('transformers',
 safetensors_numpy = pytest.importorskip('safetensors.numpy')
 
 from transformer_jax.convert import hf_bert, hf_roberta
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.bert import Bert
 
@@ -128,7 +129,7 @@ def test_tokenizer_from_bare_vocab_and_merges(mlm_dir, tmp_path):
   reference = transformers.AutoTokenizer.from_pretrained(directory)
   reference.backend_tokenizer.model.save(str(tmp_path))  # vocab.json + merges.txt only
   assert sorted(os.listdir(tmp_path)) == ['merges.txt', 'vocab.json']
-  tokenizer = hf_roberta.RobertaTokenizer.from_dir(str(tmp_path))
+  tokenizer = RobertaTokenizer.from_dir(str(tmp_path))
   assert tokenizer.vocab_size == len(reference) and tokenizer.hf_pad_id == 1
   for text in TEXTS:
     assert tokenizer.to_hf(tokenizer.encode_pair(text)[0]) == reference(text)['input_ids']

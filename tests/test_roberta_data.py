@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.convert import hf_roberta
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
 from transformer_jax.data import bert_pretrain
 from transformer_jax.errors import ConfigError, DataError
 
@@ -128,12 +129,12 @@ def test_full_sentences_batches_feed_every_row_once_per_epoch():
 
 def test_byte_level_bpe_rows_show_the_separator_between_documents(tmp_path):
   texts = ['the cat sat on the mat.', 'a dog ran in the park!', 'birds sang songs all day.']
-  tokenizer = hf_roberta.RobertaTokenizer.train(texts * 20, vocab_size=300)
+  tokenizer = RobertaTokenizer.train(texts * 20, vocab_size=300)
   # Our ids: <pad> is 0 (so zero-filled batches are padding), HF's <pad> is 1 and <s> 0.
   assert (tokenizer.pad_id, tokenizer.hf_pad_id, tokenizer.to_hf([tokenizer.cls_id])) == (0, 1, [0])
   assert set(tokenizer.special_ids.tolist()) == {0, 1, 2, 3, 4}
   tokenizer.save(str(tmp_path / 'tok'))
-  again = hf_roberta.RobertaTokenizer.from_dir(str(tmp_path / 'tok'))
+  again = RobertaTokenizer.from_dir(str(tmp_path / 'tok'))
   assert again.encode(texts[0]) == tokenizer.encode(texts[0])
   docs = bert_pretrain.tokenize_documents(tokenizer, [texts[:2], texts[2:]])
   rows, truncated = bert_pretrain.pack_full_sentences(docs, 62, tokenizer.sep_id)
@@ -218,7 +219,7 @@ def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path)
           'train.checkpoint_every': 6, 'train.log_every': 3, 'optimizer.warmup_steps': 1
       })
   cfg2, loaded, tokenizer2, types = bert.load_init(fine)  # what fine-tuning starts from
-  assert types == 1 and isinstance(tokenizer2, hf_roberta.RobertaTokenizer)
+  assert types == 1 and isinstance(tokenizer2, RobertaTokenizer)
   same = dict(dropout_rate=0.0, attention_dropout_rate=0.0, dtype=cfg.dtype)  # fine-tuning's
   assert cfg2.replace(**same) == cfg.replace(**same)
   flat = lambda tree: {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(tree).items()}
@@ -272,7 +273,7 @@ def test_bad_roberta_checkpoint_is_one_error_line(translate_cli, tmp_path):
   (hf_dir / 'config.json').write_text(
       json.dumps(hf_roberta.roberta_config_to_hf(cfg, type_vocab_size=1)))
   save_file(state, str(hf_dir / 'model.safetensors'))
-  hf_roberta.RobertaTokenizer.train(['a few words of text'] * 10, vocab_size=270).save(str(hf_dir))
+  RobertaTokenizer.train(['a few words of text'] * 10, vocab_size=270).save(str(hf_dir))
   for split in ('train', 'dev'):  # data is read (and checked) before the model
     (tmp_path / f'{split}.tsv').write_text('label\tsentence\n1\tgood\n0\tbad\n')
   workdir = tmp_path / 'fine'

@@ -264,6 +264,12 @@ def wordpiece_tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   return TokenizerFiles(tokenizer.vocab_size, {'pad_token_id': tokenizer.pad_id}, write)
 
 
+def roberta_tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
+  """A `data/roberta_tokenizer.RobertaTokenizer`'s files (config.json's ids in HF's numbering)."""
+  return TokenizerFiles(tokenizer.vocab_size, tokenizer.hf_special_ids,
+                        lambda directory: tokenizer.save(directory, max_len))
+
+
 def hf_tokenizer_files(tokenizer) -> TokenizerFiles:
   """A `data/hf_tokenizer.HFTokenizer` (e.g. a workdir's byte-level BPE): its own `save`."""
   ids = {
@@ -276,13 +282,13 @@ def hf_tokenizer_files(tokenizer) -> TokenizerFiles:
 def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   """The files of any tokenizer of this package, by its class: `data/lm.CharTokenizer`,
   `data/tokenizer.Tokenizer` (SentencePiece), `data/wordpiece.WordPieceTokenizer`,
-  `data/hf_tokenizer.HFTokenizer` or `convert/hf_roberta.RobertaTokenizer`.
+  `data/hf_tokenizer.HFTokenizer` or `data/roberta_tokenizer.RobertaTokenizer`.
 
   A tokenizer with `num_sentinels` ids on top of its `base` (data/span_corruption's
   SentinelTokenizer, a T5 workflow's tokenizer) is its base's files plus T5's '<extra_id_i>'
   tokens; only a SentencePiece base can take them. Anything else: one ConfigError naming it.
   """
-  from transformer_jax.convert.hf_roberta import RobertaTokenizer, roberta_tokenizer_files
+  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
   from transformer_jax.data.hf_tokenizer import HFTokenizer
   from transformer_jax.data.lm import CharTokenizer
   from transformer_jax.data.tokenizer import Tokenizer
