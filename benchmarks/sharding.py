@@ -13,10 +13,10 @@ import os
 import sys
 
 if __name__ == '__main__':
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_force_host_platform_device_count=8').strip()
-  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from transformer_jax import xla_options  # imports no jax
+  xla_options.add_flags(xla_force_host_platform_device_count=8)
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import json
 import statistics

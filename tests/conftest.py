@@ -11,16 +11,30 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # the tests import `experiments.configs` and `transformer_jax`
   sys.path.insert(0, REPO_ROOT)
 
+from transformer_jax import xla_options  # imports no jax
+
+import deprecations  # tests/deprecations.py
+
+deprecations.install()  # before jax, flax and optax are imported
+
 # Tests compile hundreds of tiny programs and run each for a few steps, so compiling fast beats
 # running fast: at LLVM level 0 a tiny translation train step compiles in 4.8 s instead of 13.6 s,
-# and XLA:CPU's older (non-MLIR) fusion emitters take another ~30% off compilation (a tiny
-# translation model trained on 1 and 8 devices: 15 -> 10 s of compiling). Set before jax is
-# imported; CLI subprocesses inherit them. Benchmarks and real runs keep XLA's defaults.
-os.environ['XLA_FLAGS'] = ' '.join(
-    filter(None, [
-        os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0',
-        '--xla_cpu_use_fusion_emitters=false'
-    ]))
+# and on jax 0.10.2 XLA:CPU's older (non-MLIR) fusion emitters take another ~30% off compilation
+# (a tiny translation model trained on 1 and 8 devices: 15 -> 10 s of compiling; later jaxlibs
+# have no such flag, and `xla_options` leaves it out there). Set before jax is imported; CLI
+# subprocesses inherit them. Benchmarks and real runs keep XLA's defaults.
+xla_options.add_flags(xla_backend_optimization_level=0, xla_cpu_use_fusion_emitters=False)
+
+
+@pytest.fixture(autouse=True)
+def no_deprecated_calls():
+  """Fails a test in which the project called a deprecated API (tests/deprecations.py)."""
+  deprecations.take()
+  yield
+  found = deprecations.take()
+  if found:
+    pytest.fail('the project called deprecated APIs:\n' + '\n'.join(sorted(set(found))),
+                pytrace=False)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import resume
+from transformer_jax import xla_options
 from transformer_jax.training import checkpointing
 from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import load_saved_config, prepare_workdir
@@ -147,7 +148,7 @@ def test_batch_not_divisible_by_the_data_axes_on_eight_devices(tmp_path):
   """8 (forced host) devices, mesh data=-1: data.batch_size=12 is not a multiple of 8."""
   workdir = str(tmp_path / 'work')
   result = cli('experiments.lm', *tiny_lm(workdir, **{'data.batch_size': 12}),
-               env={'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+               env=xla_options.host_devices_env(8, {}))
   one_error_line(result, 'batch of 12 rows is not divisible by the data-parallel size 8',
                  'data.batch_size')
   assert_untouched(workdir)

@@ -18,6 +18,7 @@ LEVELS = {
     'errors': 0,
     'files': 0,
     'special_tokens': 0,
+    'xla_options': 0,
     'model_config': 1,
     'kernels': 2,
     'parallel': 2,

@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+from transformer_jax import xla_options
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,14 +29,7 @@ MESHES = {
 
 def run_worker(translate_cli, workdir, family: str, runs: list[dict], steps: int = 3,
                devices: int = 8) -> dict[str, dict]:
-  env = translate_cli.env()
-  env['XLA_FLAGS'] = ' '.join(
-      filter(
-          None,
-          [
-              env.get('XLA_FLAGS'),  # keeps conftest's flags
-              f'--xla_force_host_platform_device_count={devices}'
-          ]))
+  env = xla_options.host_devices_env(devices, translate_cli.env())  # keeps conftest's flags
   env['TF_CPP_MIN_LOG_LEVEL'] = '1'  # XLA's warnings too, for the check below
   spec = {'family': family, 'steps': steps, 'workdir': str(workdir), 'runs': runs}
   proc = subprocess.run(

@@ -16,6 +16,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from transformer_jax import kernels
+from transformer_jax import xla_options
 
 B, H, D = 2, 2, 8
 RTOL, ATOL = 1e-5, 1e-5
@@ -153,10 +154,13 @@ def test_pallas_kernel_is_shard_mapped_over_the_batch_and_heads_the_mesh_splits(
   mesh = {'data': 2, 'fsdp': 2, 'tensor': 2}
   split = (('data', 'fsdp'), 'tensor')
   qkv = P(('data', 'fsdp'), None, 'tensor', None)
-  in_specs, out_spec = shard_map_specs(mesh, split, mask_shape=(4, 1, 1, 10),
-                                       bias_shape=(1, 4, 10, 10))
-  assert in_specs == (qkv, qkv, qkv, P(('data', 'fsdp'), None), P(None, 'tensor'))
-  assert out_spec == qkv
+  # Auto axes (the trainer's mesh) and Explicit ones (jax.make_mesh's default since jax 0.11,
+  # whose shard_map takes only inputs already split as in_specs say: they are resharded first).
+  for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+    in_specs, out_spec = shard_map_specs(mesh, split, mask_shape=(4, 1, 1, 10),
+                                         bias_shape=(1, 4, 10, 10), axis_types=(kind,) * 3)
+    assert in_specs == (qkv, qkv, qkv, P(('data', 'fsdp'), None), P(None, 'tensor'))
+    assert out_spec == qkv
   # A batch of 2 keeps the data split only; one key/value head can't be split over 2 devices.
   assert shard_map_specs(mesh, split, batch=2, kv_heads=1)[0][0] == P('data', None, None, None)
   assert shard_map_specs(mesh, split, batch=3)[0][0] == P(None, None, 'tensor', None)
@@ -207,9 +211,7 @@ def test_pallas_kernel_runs_per_shard_on_a_multi_device_mesh(translate_cli):
   ]
   for case in cases:
     case['implementation'] = 'pallas'
-  env = translate_cli.env()
-  env['XLA_FLAGS'] = ' '.join(
-      filter(None, [env.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=4']))
+  env = xla_options.host_devices_env(4, translate_cli.env())
   proc = subprocess.run([
       sys.executable,
       os.path.join('tests', 'tpu_compile_worker.py'), 'interpret',

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer_jax.special_tokens import EOS_ID, PAD_ID
+from transformer_jax import xla_options
 
 PyTree = Any
 TokensToLogits = Callable[[jnp.ndarray, PyTree], tuple[jnp.ndarray, PyTree]]
@@ -83,7 +84,9 @@ def decode_compiler_options() -> dict[str, str] | None:
   cached decoding step (a few tiny reductions per layer, `kernels.decode_step_attention`)
   4-8x slower than XLA's own loop fusions. The option exists only on CPU (None elsewhere).
   """
-  return {'xla_cpu_experimental_ynn_fusion_type': ''} if jax.default_backend() == 'cpu' else None
+  if jax.default_backend() != 'cpu':
+    return None
+  return xla_options.compiler_options(xla_cpu_experimental_ynn_fusion_type='') or None
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: SelectFn, *,

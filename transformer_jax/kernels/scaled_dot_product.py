@@ -347,10 +347,32 @@ def _pallas_tpu_attention(q, k, v, mask, bias, causal, dtype, partition=None, se
     local_segments = None if segments is None else (next(extras), next(extras))
     return _pallas_flash_attention(q, k, v, local_mask, local_bias, causal, dtype, local_segments)
 
+  in_specs = (qkv_spec,) * 3 + tuple(extra_specs)
+  inputs = [_reshard_explicit(x, spec, mesh) for x, spec in zip((q, k, v, *extras), in_specs)]
   # check_vma=False: pallas_call has no rule for the varying manual axes of its outputs.
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(qkv_spec,) * 3 + tuple(extra_specs),
-                       out_specs=qkv_spec, axis_names=frozenset(free_axes),
-                       check_vma=False)(q, k, v, *extras)
+  return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=qkv_spec,
+                       axis_names=frozenset(free_axes), check_vma=False)(*inputs)
+
+
+def _reshard_explicit(x, spec, mesh):
+  """`x` resharded to `spec` over the mesh's Explicit axes, so that shard_map accepts it.
+
+  An array's type carries its split over Explicit axes, and jax >= 0.11's shard_map refuses
+  in_specs that differ from it instead of resharding; over Auto axes (the trainer's mesh,
+  `parallel.sharding.make_mesh`) shard_map reshards by itself, and `jax.reshard` refuses them.
+  """
+  explicit = {
+      name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+      if kind == jax.sharding.AxisType.Explicit
+  }
+  if not explicit:
+    return x
+
+  def keep(entry):
+    names = tuple(n for n in (entry if isinstance(entry, tuple) else (entry,)) if n in explicit)
+    return None if not names else names[0] if len(names) == 1 else names
+
+  return jax.reshard(x, P(*(keep(entry) for entry in spec)))
 
 
 # The fused kernels and the one platform each runs on ('auto' picks the one of its platform).

@@ -61,7 +61,11 @@ def mesh_shape(mesh_config: dict, num_devices: int) -> tuple[int, ...]:
 def make_mesh(mesh_config: dict | None = None, devices=None) -> Mesh:
   devices = devices if devices is not None else jax.devices()
   shape = mesh_shape(dict(mesh_config or {'data': -1}), len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  # Auto axes: XLA's partitioner propagates shardings from the arguments and the logical
+  # constraints (jax.make_mesh defaults to Explicit axes since jax 0.11; Mesh to Auto).
+  return Mesh(
+      np.asarray(devices).reshape(shape), MESH_AXES,
+      axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 def data_parallel_size(mesh: Mesh) -> int:

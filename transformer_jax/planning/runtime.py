@@ -1,9 +1,12 @@
 """The TPU compiler on a host without TPUs: where libtpu is, and a quiet environment for it.
 
-libtpu (the `tpu` extra: `pip install -e ".[tpu]"`, or a folder of its own with
-`pip install --no-deps --target DIR "libtpu==0.0.42.*"` and TRANSFORMER_JAX_LIBTPU_DIR=DIR)
-holds XLA's TPU compiler. jax loads it when a TPU topology is first asked for, and it describes
-compile-only devices that programs can be compiled for but never run on.
+libtpu (the `tpu` extra: `pip install -e ".[tpu]"`, which is `jax[tpu]`, or a folder of its own
+with `pip install --no-deps --target DIR "$(python -m transformer_jax.planning.runtime)"` and
+TRANSFORMER_JAX_LIBTPU_DIR=DIR) holds XLA's TPU compiler. Each jax release pins the libtpu it
+works with (jax 0.10.2: 0.0.42, jax 0.12.0.1: 0.0.50); `libtpu_requirement()` reads that pin
+from the installed jax's metadata, so the two always move together. jax loads libtpu when a TPU
+topology is first asked for, and it describes compile-only devices that programs can be
+compiled for but never run on.
 
 `prepare()` must run before jax is imported (jax reads JAX_PLATFORMS then): it keeps jax's
 own devices on the CPU, so nothing probes for TPU chips, and sets the variables that keep
@@ -11,15 +14,32 @@ libtpu quiet on a machine that is no TPU VM and let several planners run at once
 changes CPU work. This module does not import jax.
 """
 
+import importlib.metadata
 import importlib.util
 import os
+import re
+import sys
 import tempfile
 
 from transformer_jax.errors import ConfigError
 
 LIBTPU_DIR_VARIABLE = 'TRANSFORMER_JAX_LIBTPU_DIR'
-INSTALL_HINT = ('pip install -e ".[tpu]" (or pip install --no-deps --target DIR '
-                f'"libtpu==0.0.42.*" and set {LIBTPU_DIR_VARIABLE}=DIR)')
+
+
+def libtpu_requirement() -> str:
+  """The libtpu the installed jax pins for its `tpu` extra, e.g. 'libtpu==0.0.50.*'."""
+  for requirement in importlib.metadata.requires('jax') or ():
+    name, _, marker = requirement.partition(';')
+    if re.match(r'\s*libtpu\b', name) and re.search(r'extra\s*==\s*["\']tpu["\']', marker):
+      return name.strip().replace(' ', '')
+  raise ConfigError(f'jax {importlib.metadata.version("jax")} names no libtpu for its tpu extra')
+
+
+def install_hint() -> str:
+  requirement = libtpu_requirement()
+  return (f'pip install -e ".[tpu]" (or pip install --no-deps --target DIR "{requirement}" and '
+          f'set {LIBTPU_DIR_VARIABLE}=DIR)')
+
 
 # setdefault: a value the user set wins.
 QUIET_ENVIRONMENT = {
@@ -44,7 +64,7 @@ def libtpu_path() -> str | None:
     if not os.path.isfile(path):
       raise ConfigError(f'{LIBTPU_DIR_VARIABLE}={directory} holds no libtpu/libtpu.so; install '
                         f'it there with pip install --no-deps --target {directory} '
-                        '"libtpu==0.0.42.*"')
+                        f'"{libtpu_requirement()}"')
     return path
   spec = importlib.util.find_spec('libtpu')
   if spec is None or not spec.origin:
@@ -79,5 +99,10 @@ def require() -> str:
   path = libtpu_path()
   if path is None:
     raise ConfigError(f'planning for a TPU needs the TPU compiler (libtpu), which is not '
-                      f'installed: {INSTALL_HINT}')
+                      f'installed: {install_hint()}')
   return path
+
+
+if __name__ == '__main__':
+  # .ci/run: pip install --no-deps --target DIR "$(python -m transformer_jax.planning.runtime)"
+  sys.stdout.write(libtpu_requirement() + '\n')

@@ -67,7 +67,8 @@ def _target(name, chip, chips, topology, **kwargs) -> Target:
   return Target(name, CHIPS[chip], chips, topology, tuple(sorted(kwargs.items())))
 
 
-# Topologies checked to load in libtpu 0.0.42.1 (jax 0.10.2): device counts and kinds as listed.
+# Topologies checked to load in libtpu 0.0.42.1 (jax 0.10.2) and 0.0.50.1 (jax 0.12.0.1): device
+# counts and kinds as listed.
 TARGETS = {
     t.name: t for t in (
         _target('tpu-v5e-1', 'v5e', 1, 'v5e:1x1', chips_per_host_bounds=(1, 1, 1)),

@@ -50,7 +50,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, seed: i
     else:
       grad_fn = jax.value_and_grad(lambda p: loss_fn(p, batch, rng, False), has_aux=True)
       (loss, metrics), grads = grad_fn(state.params)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
