@@ -45,9 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import datetime
 import functools
 import json
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from typing import Callable
@@ -55,6 +53,7 @@ from typing import Callable
 import numpy as np
 from absl import app, flags
 
+from tools import machine
 from transformer_jax.errors import ConfigError, UserError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,40 +80,6 @@ def log(message: str) -> None:
 
 
 # -- the machine and the tree -------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-  """lscpu's 'Model name' (else /proc/cpuinfo's, else platform's)."""
-  try:
-    out = subprocess.run(['lscpu'], capture_output=True, text=True, timeout=10, check=False).stdout
-    for line in out.splitlines():
-      if line.startswith('Model name:'):
-        return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def git_commit() -> str | None:
-  """The short HEAD commit, '+dirty' when the tree has changes (untracked files included)."""
-  run = lambda *args: subprocess.run(['git', '--no-optional-locks', *args], cwd=REPO_ROOT,
-                                     capture_output=True, text=True, timeout=30, check=False)
-  try:
-    head = run('rev-parse', '--short', 'HEAD')
-    if head.returncode != 0:
-      return None
-    dirty = run('status', '--porcelain').stdout.strip()
-  except OSError:
-    return None
-  return head.stdout.strip() + ('+dirty' if dirty else '')
-
 
 # -- shared pieces ------------------------------------------------------------------------------
 
@@ -646,11 +611,11 @@ def main(argv):
       json.dumps({
           'benchmark': 'hf_parity', 'date': datetime.datetime.now(datetime.timezone.utc
                                                                  ).isoformat(timespec='seconds'),
-          'commit': git_commit(), 'cpu': cpu_model(), 'transformers': transformers.__version__,
-          'torch': torch.__version__, 'jax': jax.__version__, 'backend': jax.default_backend(),
-          'seed': _SEED.value, 'quick': _QUICK.value, 'new_tokens': new_tokens,
-          'matmul_precision': _PRECISION.value, 'tolerance': TOLERANCE,
-          'wall_seconds': round(wall, 1), 'families': results
+          'commit': machine.git_commit(), 'cpu': machine.cpu_model(),
+          'transformers': transformers.__version__, 'torch': torch.__version__,
+          'jax': jax.__version__, 'backend': jax.default_backend(), 'seed': _SEED.value,
+          'quick': _QUICK.value, 'new_tokens': new_tokens, 'matmul_precision': _PRECISION.value,
+          'tolerance': TOLERANCE, 'wall_seconds': round(wall, 1), 'families': results
       }))
 
 

@@ -26,7 +26,6 @@ if __name__ == '__main__':
   process.setup_allocator()
 
 import json
-import platform
 import resource
 import shutil
 import statistics
@@ -34,6 +33,8 @@ import subprocess
 import tempfile
 
 from absl import app, flags
+
+from tools import machine
 
 _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data/multi30k', 'Multi30k directory.')
 _ROUNDS = flags.DEFINE_integer('rounds', 2, 'Rounds of (buckets, packed).')
@@ -95,17 +96,6 @@ def spawn(pack: bool, cache_dir: str) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cpu_model() -> str:
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or 'unknown'
-
-
 def main(argv):
   del argv
   if _CHILD.value:
@@ -126,7 +116,7 @@ def main(argv):
           'benchmark':
               'packing_throughput',
           'cpu':
-              cpu_model(),
+              machine.cpu_model(),
           'cores':
               os.cpu_count(),
           'budget_minutes':

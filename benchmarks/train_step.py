@@ -3,6 +3,8 @@ r"""Train-step speed of our models against plain PyTorch eager models of the sam
   python benchmarks/train_step.py                 # baby and mid GPT, 3 rounds (~5-6 min, 2 cores)
   python benchmarks/train_step.py --rounds=5 --configs=mid
   python benchmarks/train_step.py --rounds=2 --configs=multi30k,bert
+  python benchmarks/train_step.py --jax_pythons=.venv311/bin/python,.venv312/bin/python
+      # two jax versions (one per interpreter) and PyTorch, interleaved in every round
 
 Configs: GPT 'baby' and 'mid' (shakespeare_char sizes); 'multi30k', the translation model of
 experiments/configs/multi30k.py (3+3 layers, 256 wide, vocab 8000) on 128 pairs of 32+32 tokens,
@@ -57,6 +59,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import app, flags
 
+from tools import machine
+
 CONFIGS = {
     'baby':
         dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
@@ -99,6 +103,10 @@ _STEPS = flags.DEFINE_list(
     'steps', [], 'Per-config "name:warmup:timed" step counts, e.g. '
     f'mid:1:4 (defaults: {DEFAULT_STEPS}).')
 _TORCH = flags.DEFINE_bool('torch', True, 'Also time the PyTorch baseline (if torch is installed).')
+_JAX_PYTHONS = flags.DEFINE_list(
+    'jax_pythons', [], 'Interpreters to time the JAX step under, each with its own jax (e.g. a '
+    'Python 3.11 venv with jax 0.10.2 and a 3.12 one with jax 0.12), in turn in every round; '
+    'default: this one. PyTorch runs under this interpreter.')
 _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads for PyTorch.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
 _DTYPE = flags.DEFINE_enum(
@@ -426,10 +434,10 @@ def _step_counts() -> dict[str, tuple[int, int]]:
   return counts
 
 
-def _spawn(variant: str, warmup: int, timed: int) -> dict:
+def _spawn(variant: str, warmup: int, timed: int, python: str | None = None) -> dict:
   """Runs one variant in a fresh interpreter (same allocator env) and parses its JSON."""
   command = [
-      sys.executable,
+      python or sys.executable,
       os.path.abspath(__file__), f'--variant={variant}', f'--warmup={warmup}',
       f'--timed_steps={timed}', f'--seed={_SEED.value}', f'--torch_threads={_TORCH_THREADS.value}',
       f'--dtype={_DTYPE.value}', f'--batch_size={_BATCH.value}',
@@ -440,6 +448,15 @@ def _spawn(variant: str, warmup: int, timed: int) -> dict:
     sys.stderr.write(proc.stderr[-4000:])
     raise RuntimeError(f'{variant} failed with exit code {proc.returncode}')
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _jax_version(python: str) -> str:
+  """The jax version installed for interpreter `python`."""
+  proc = subprocess.run([python, '-c', 'import importlib.metadata as m; print(m.version("jax"))'],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode != 0:
+    raise app.UsageError(f'--jax_pythons: {python} has no jax: {proc.stderr.strip()[-300:]}')
+  return proc.stdout.strip()
 
 
 def _median(values: list[float]) -> float | None:
@@ -460,21 +477,26 @@ def _summarise(name: str, runs: dict[str, list[dict]]) -> dict:
     summary[framework]['rounds'] = [
         {k: r[k] for k in ('tokens_per_s', 'ms_per_step', 'first_step_s')} for r in results
     ]
-  jax_runs, torch_runs = runs.get('jax', []), runs.get('torch', [])
-  if jax_runs and torch_runs:
-    ratios = [j['tokens_per_s'] / t['tokens_per_s'] for j, t in zip(jax_runs, torch_runs)]
-    summary['jax_over_torch_tokens_per_s'] = statistics.median(ratios)
-    summary['jax_over_torch_per_round'] = ratios
-  if jax_runs:
-    jax_summary = summary['jax']
-    jax_summary['model_flops_over_matmul'] = (jax_summary['model_flops_per_s'] /
-                                              jax_summary['matmul_flops_per_s'])
+  labels = [label for label in runs if label.startswith('jax') and runs[label]]
+  # Each JAX over PyTorch, and each later JAX over the first (the version comparison).
+  pairs = [(label, 'torch') for label in labels if runs.get('torch')]
+  pairs += [(label, labels[0]) for label in labels[1:]]
+  for numerator, denominator in pairs:
+    ratios = [
+        a['tokens_per_s'] / b['tokens_per_s'] for a, b in zip(runs[numerator], runs[denominator])
+    ]
+    key = f'{numerator}_over_{denominator}'.replace(' ', '_')
+    summary[f'{key}_tokens_per_s'] = statistics.median(ratios)
+    summary[f'{key}_per_round'] = ratios
+  for label in labels:
+    summary[label]['model_flops_over_matmul'] = (summary[label]['model_flops_per_s'] /
+                                                 summary[label]['matmul_flops_per_s'])
   summary['spec'] = _spec(name)
   return summary
 
 
-def _print_summary(name: str, s: dict):
-  for framework in ('jax', 'torch'):
+def _print_summary(name: str, s: dict, labels: list[str]):
+  for framework in labels:
     if framework not in s:
       continue
     f = s[framework]
@@ -482,18 +504,21 @@ def _print_summary(name: str, s: dict):
           f'{f["ms_per_step"]:9.1f} ms/step  {f["model_flops_per_s"] / 1e9:7.1f} GFLOP/s model'
           f'  first step {f["first_step_s"]:5.1f} s  peak RSS {f["peak_rss_mb"]:7.0f} MB  '
           f'{f["minflt_per_step"]:9.0f} minor faults/step')
-  if 'jax' in s:
-    j = s['jax']
-    print(f'  {name:5s} jax matmul {j["matmul_n"]:.0f}^3 {_DTYPE.value}: '
+  for label in labels:
+    if not label.startswith('jax') or label not in s:
+      continue
+    j = s[label]
+    print(f'  {name:5s} {label} matmul {j["matmul_n"]:.0f}^3 {_DTYPE.value}: '
           f'{j["matmul_flops_per_s"] / 1e9:.1f} GFLOP/s; model FLOP/s = '
           f'{100 * j["model_flops_over_matmul"]:.0f}% of it')
     if j.get('mfu'):
       print(f'  {name:5s} MFU {100 * j["mfu"]:.1f}% of the nominal '
             f'{j["peak_bf16_flops_per_s"] / 1e12:.0f} TFLOP/s bf16 peak')
-  if 'jax_over_torch_tokens_per_s' in s:
-    per_round = ', '.join(f'{r:.2f}' for r in s['jax_over_torch_per_round'])
-    print(f'  {name:5s} JAX/PyTorch tokens/s: {s["jax_over_torch_tokens_per_s"]:.2f} '
-          f'(median of rounds: {per_round})')
+  for key in s:
+    if key.endswith('_tokens_per_s') and '_over_' in key:
+      per_round = ', '.join(f'{r:.2f}' for r in s[key.replace('_tokens_per_s', '_per_round')])
+      print(f'  {name:5s} {key.replace("_tokens_per_s", "")} tokens/s: {s[key]:.2f} '
+            f'(median of rounds: {per_round})')
 
 
 def main(argv):
@@ -510,33 +535,44 @@ def main(argv):
   counts = _step_counts()
   with_torch = (_TORCH.value and _DTYPE.value == 'float32' and
                 importlib.util.find_spec('torch') is not None)
-  frameworks = ['jax'] + (['torch'] if with_torch else [])
+  # (label, interpreter) per timed framework: 'jax', or 'jax 0.10.2', 'jax 0.12.0.1', ...
+  pythons = _JAX_PYTHONS.value or [sys.executable]
+  frameworks = [('jax' if len(pythons) == 1 else f'jax {_jax_version(p)}', p) for p in pythons]
+  frameworks += [('torch', sys.executable)] if with_torch else []
+  labels = [label for label, _ in frameworks]
+  if len(set(labels)) != len(labels):
+    raise app.UsageError(f'--jax_pythons name one jax version twice: {labels}')
   print(f'allocator: {process.allocator_description()}')
+  described = machine.description()
+  print(f'machine: {described["cpu"]} ({", ".join(described["cpu_flags"])}), '
+        f'{described["cores"]} cores; commit {described["commit"]}')
   print(f'PyTorch baseline: {"yes" if with_torch else "no (torch not installed or --notorch)"}; '
         f'model FLOPs: {FLOPS_FORMULA}')
-  runs = {name: {f: [] for f in frameworks} for name in _CONFIGS.value}
+  runs = {name: {label: [] for label in labels} for name in _CONFIGS.value}
   start = time.time()
   for r in range(_ROUNDS.value):
     for name in _CONFIGS.value:
       warmup, timed = counts[name]
-      for framework in frameworks:  # A B in every round: drift hits both alike
-        result = _spawn(f'{framework}-{name}', warmup, timed)
-        runs[name][framework].append(result)
+      for label, python in frameworks:  # A B in every round: drift hits both alike
+        framework = label.split()[0]
+        result = _spawn(f'{framework}-{name}', warmup, timed, python)
+        runs[name][label].append(result)
         print(
-            f'round {r + 1}/{_ROUNDS.value} {framework:5s} {name:5s}: '
+            f'round {r + 1}/{_ROUNDS.value} {label:5s} {name:5s}: '
             f'{result["tokens_per_s"]:10,.0f} tok/s  {result["ms_per_step"]:9.1f} ms/step  '
             f'(first step {result["first_step_s"]:.1f} s, {time.time() - start:.0f} s elapsed)',
             flush=True)
   summaries = {name: _summarise(name, runs[name]) for name in _CONFIGS.value}
   print(f'medians over {_ROUNDS.value} round(s):')
   for name, s in summaries.items():
-    _print_summary(name, s)
+    _print_summary(name, s, labels)
   print(
       json.dumps({
-          'benchmark': 'train_step', 'rounds': _ROUNDS.value, 'steps': counts,
-          'allocator': process.allocator_description(), 'flops_formula': FLOPS_FORMULA,
-          'precision': _DTYPE.value, 'dropout': 0.0, 'torch_baseline': with_torch,
-          'scan_layers': _SCAN.value, 'wall_seconds': time.time() - start, 'configs': summaries
+          'benchmark': 'train_step', **machine.description(), 'rounds': _ROUNDS.value,
+          'steps': counts, 'allocator': process.allocator_description(),
+          'flops_formula': FLOPS_FORMULA, 'precision': _DTYPE.value, 'dropout': 0.0,
+          'torch_baseline': with_torch, 'scan_layers': _SCAN.value,
+          'wall_seconds': time.time() - start, 'configs': summaries
       }))
 
 

@@ -17,7 +17,7 @@ def run_as(module_name: str, source: str, **names):
 def test_a_deprecated_library_call_from_project_code_is_recorded():
   """optax.global_norm warns from inside optax (optax/_src/...): the caller is still found."""
   deprecations.take()
-  with warnings.catch_warnings():
+  with warnings.catch_warnings(record=True):
     warnings.simplefilter('always')
     run_as('transformer_jax.training.example', 'optax.global_norm({"w": x})', optax=optax,
            x=jnp.ones(3))
@@ -28,7 +28,7 @@ def test_a_deprecated_library_call_from_project_code_is_recorded():
 
 def test_the_same_call_from_elsewhere_is_not_the_projects():
   deprecations.take()
-  with warnings.catch_warnings():
+  with warnings.catch_warnings(record=True):
     warnings.simplefilter('always')
     run_as('some_library.module', 'optax.global_norm({"w": x})', optax=optax, x=jnp.ones(3))
     run_as('transformer_jax.layers.example', 'warnings.warn("x", UserWarning)', warnings=warnings)
