@@ -111,8 +111,10 @@ _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, 'torch.set_num_threads
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for parameters and token batches.')
 _DTYPE = flags.DEFINE_enum(
     'dtype', 'float32', ['float32', 'bfloat16'],
-    'JAX compute dtype (parameters stay float32); bfloat16 is for '
-    'accelerators, and skips the (float32) PyTorch baseline.')
+    'bfloat16 on CPU: JAX under the CPU precision policy (model.matmul_dtype=bfloat16, '
+    'transformer_jax/precision.py) against PyTorch under torch.autocast("cpu", bfloat16); on '
+    'accelerators: JAX computes in bf16 (model.dtype) and PyTorch is not run. Parameters and '
+    'optimizer stay float32 everywhere.')
 _BATCH = flags.DEFINE_integer('batch_size', 0, 'Rows per step instead of the config\'s (0).')
 _SCAN = flags.DEFINE_bool(
     'scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
@@ -280,7 +282,7 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   n = MATMUL_N.get(jax.default_backend(), 8192)
   a = jax.random.normal(jax.random.key(1), (n, n), _DTYPE.value)
   b = jax.random.normal(jax.random.key(2), (n, n), _DTYPE.value)
-  matmul = jax.jit(lambda a, b: a @ b)
+  matmul = jax.jit(lambda a, b: a @ b)  # in the dtype the model's matmuls run in
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
@@ -293,12 +295,22 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   return result
 
 
+def _jax_precision() -> dict:
+  """The model's dtype and matmul_dtype for --dtype: bfloat16 is the CPU precision policy on CPU
+  (float32 model, bf16 matmuls) and bf16 compute on accelerators."""
+  import jax
+  from transformer_jax.model_config import DTYPES
+  if _DTYPE.value == 'bfloat16' and jax.default_backend() == 'cpu':
+    return dict(dtype=DTYPES['float32'], matmul_dtype=DTYPES['bfloat16'])
+  return dict(dtype=DTYPES[_DTYPE.value], matmul_dtype=None)
+
+
 def _jax_task(spec: dict):
   """(task, description) of the real training task for the config's model."""
   from transformer_jax.model_config import DTYPES
   common = dict(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'], num_heads=spec['n_head'],
                 dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value,
-                dtype=DTYPES[_DTYPE.value])
+                **_jax_precision())
   if spec['kind'] == 'translation':
     from transformer_jax.model_config import TransformerConfig
     from transformer_jax.tasks.translation import TranslationTask
@@ -380,12 +392,16 @@ def run_torch(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   model.train()
   optimizer = torch_gpt.make_optimizer(model)
 
+  autocast = _DTYPE.value == 'bfloat16'  # torch.autocast("cpu", bfloat16), as a user writes it
+
   def step(state, batch):
-    return state, train_step(batch)
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+      return state, train_step(batch)
 
   _, result = _timed_loop(step, None, batches, warmup, timed, lambda _: None)  # eager: synced
   n = MATMUL_N['cpu']
-  a, b = torch.randn(n, n), torch.randn(n, n)
+  dtype = torch.bfloat16 if autocast else torch.float32
+  a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
   torch.mm(a, b)
   seconds = _best_seconds(lambda: torch.mm(a, b))
   result.update(non_embedding_params=non_embedding, torch_matmul_flops_per_s=2.0 * n**3 / seconds,
@@ -533,8 +549,7 @@ def main(argv):
     raise app.UsageError(f'--configs must be among {list(CONFIGS)} (got {unknown}); '
                          '--rounds >= 1')
   counts = _step_counts()
-  with_torch = (_TORCH.value and _DTYPE.value == 'float32' and
-                importlib.util.find_spec('torch') is not None)
+  with_torch = (_TORCH.value and importlib.util.find_spec('torch') is not None)
   # (label, interpreter) per timed framework: 'jax', or 'jax 0.10.2', 'jax 0.12.0.1', ...
   pythons = _JAX_PYTHONS.value or [sys.executable]
   frameworks = [('jax' if len(pythons) == 1 else f'jax {_jax_version(p)}', p) for p in pythons]

@@ -11,7 +11,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # the tests import `experiments.configs` and `transformer_jax`
   sys.path.insert(0, REPO_ROOT)
 
-from transformer_jax import xla_options  # imports no jax
+from transformer_jax import precision, xla_options  # import no jax
 
 import deprecations  # tests/deprecations.py
 
@@ -24,6 +24,10 @@ deprecations.install()  # before jax, flax and optax are imported
 # have no such flag, and `xla_options` leaves it out there). Set before jax is imported; CLI
 # subprocesses inherit them. Benchmarks and real runs keep XLA's defaults.
 xla_options.add_flags(xla_backend_optimization_level=0, xla_cpu_use_fusion_emitters=False)
+# model.matmul_dtype='auto' (the experiment configs' default) picks bf16 matmuls on CPUs with bf16
+# units; the suite pins float32 so its results do not depend on the CPU it runs on
+# (tests/test_precision.py tests the choice itself, and the policy, explicitly).
+os.environ.setdefault(precision.AUTO_VARIABLE, 'float32')
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ LEVELS = {
     'files': 0,
     'special_tokens': 0,
     'xla_options': 0,
+    'precision': 0.5,  # between errors and model_config, which resolves model.matmul_dtype
     'model_config': 1,
     'kernels': 2,
     'parallel': 2,

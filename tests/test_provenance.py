@@ -23,7 +23,7 @@ from transformer_jax.training.trainer import Trainer
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = {
     'time_utc', 'hostname', 'start_step', 'command_line', 'git', 'python', 'versions', 'devices',
-    'mesh', 'config'
+    'mesh', 'config', 'matmul_dtype'
 }
 GIT_FIELDS = {'commit', 'dirty', 'diff', 'diff_truncated', 'error'}
 
@@ -65,6 +65,10 @@ def test_fresh_and_resumed_runs_each_append_a_complete_record(tmp_path):
   config = toy_trainer_config(checkpoint_every=2)
   _, trainer = fit(config, tmp_path, 4)
   [first] = read_provenance(tmp_path)
+  # ToyTask's model config sets no matmul_dtype, nor does the toy config: float32, and why.
+  assert first['matmul_dtype'] == {
+      'dtype': 'float32', 'reason': 'model.matmul_dtype=none: the matmuls run in model.dtype'
+  }
   with open(tmp_path / provenance.FILE_NAME, 'rb') as f:
     first_line = f.read()
   results, _ = fit(config, tmp_path, 6)

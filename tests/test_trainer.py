@@ -24,6 +24,7 @@ from transformer_jax.training import checkpointing
 from transformer_jax.training import optimizer as optim
 from transformer_jax.parallel import sharding
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.model_config import TransformerConfig
 from transformer_jax.workflows import translation
 from transformer_jax.training.trainer import NonFiniteError, Trainer, TrainState, make_train_step
 
@@ -195,6 +196,7 @@ def test_train_step_skips_non_finite_updates(loss_fn, bad_x):
 
 class ToyTask:
   """The least-squares problem above as a trainer Task."""
+  cfg = TransformerConfig()  # no model; its matmul_dtype (None) gives the steps XLA's defaults
 
   def init_variables(self, rng):
     return {'params': {'w': jax.random.normal(rng, (4,)) * 0.1, 'b': jnp.zeros(())}}

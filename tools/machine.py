@@ -5,8 +5,14 @@ import datetime
 import os
 import platform
 import subprocess
+import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
+
+from transformer_jax import precision  # noqa: E402  (imports no jax)
+
 # The CPU features that decide XLA:CPU's and PyTorch's speed here.
 FLAGS_OF_INTEREST = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
 
@@ -20,27 +26,13 @@ def cpu_model() -> str:
         return line.split(':', 1)[1].strip()
   except OSError:
     pass
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
+  return precision.cpuinfo_value('model name') or platform.processor() or platform.machine()
 
 
 def cpu_flags() -> list[str]:
   """Which of FLAGS_OF_INTEREST /proc/cpuinfo lists (empty where it cannot be read)."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('flags'):
-          present = set(line.split(':', 1)[1].split())
-          return [flag for flag in FLAGS_OF_INTEREST if flag in present]
-  except OSError:
-    pass
-  return []
+  present = set((precision.cpuinfo_value('flags') or '').split())
+  return [flag for flag in FLAGS_OF_INTEREST if flag in present]
 
 
 def git_commit() -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from transformer_jax import precision
 from transformer_jax.errors import ConfigError
 
 NORM_TYPES = ('layernorm', 'rmsnorm')
@@ -74,6 +75,10 @@ class TransformerConfig:
   scale_attention_scores: bool = True
   dtype: Any = jnp.float32  # compute dtype
   param_dtype: Any = jnp.float32
+  # The matmuls' dtype where it differs from `dtype` (None: `dtype`): bfloat16 with a float32
+  # `dtype` is the CPU precision policy (precision.py): the matmuls in bf16, everything else
+  # float32. From a config section, 'auto' picks it per machine.
+  matmul_dtype: Any = None
   decode: bool = False  # autoregressive decoding with a KV cache
   # Efficiency switches (blocks.TransformerStack): remat each layer with this policy; run the
   # identical layers as one nn.scan (params stacked under 'layers', see scan_layout.py).
@@ -146,6 +151,8 @@ class TransformerConfig:
         'it needs tie_output=True')
     check(self.remat_policy in REMAT_POLICIES,
           f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
+    check(self.matmul_dtype is None or jnp.dtype(self.matmul_dtype) in (jnp.float32, jnp.bfloat16),
+          f'matmul_dtype must be None, float32 or bfloat16, got {self.matmul_dtype!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
           'dropout rates must be in [0, 1)')
 
@@ -163,7 +170,10 @@ def model_config_from_dict(values: dict, **overrides) -> TransformerConfig:
   unknown = sorted(set(values) - known)
   if unknown:
     raise ConfigError(f'unknown model config key(s) {unknown}; known keys: {sorted(known)}')
-  for key in ('dtype', 'param_dtype'):
+  if isinstance(values.get('matmul_dtype'), str) or values.get('matmul_dtype') is None:
+    # 'auto', 'none', 'float32' or 'bfloat16': the CPU precision policy decides (precision.py).
+    values['matmul_dtype'] = precision.resolve(values.get('matmul_dtype')).matmul_dtype
+  for key in ('dtype', 'param_dtype', 'matmul_dtype'):
     if isinstance(values.get(key), str):
       if values[key] not in DTYPES:
         raise ConfigError(f'model.{key} must be one of {sorted(DTYPES)}, got {values[key]!r}')

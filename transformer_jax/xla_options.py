@@ -41,6 +41,10 @@ KNOWN = {
     'xla_force_host_platform_device_count': Known(),
     # Which ops XLA:CPU hands to its YNNPACK fusions (inference/search.py, cli/process.py).
     'xla_cpu_experimental_ynn_fusion_type': Known(),
+    # XLA:CPU's oneDNN dot fusion, checked by benchmarks/cpu_bf16_paths.py (fast bf16 dots of
+    # every orientation, but wrong gradients for a small GPT: precision.py does not use it).
+    'xla_cpu_use_onednn': Known(),
+    'xla_cpu_experimental_onednn_fusion_type': Known(),
 }
 
 

@@ -33,8 +33,8 @@ def get_config():
   config.model = ml_collections.ConfigDict(
       dict(ALBERT_ARCHITECTURE, embedding_size=64, emb_dim=256, num_heads=4, mlp_dim=1024,
            num_encoder_layers=6, max_len=128, dropout_rate=0.1, attention_dropout_rate=0.1,
-           dtype='float32', param_dtype='float32', remat_policy='none', scan_layers=False,
-           attention_implementation='auto'))
+           dtype='float32', matmul_dtype='auto', param_dtype='float32', remat_policy='none',
+           scan_layers=False, attention_implementation='auto'))
   config.optimizer.warmup_steps = 150
   config.optimizer.decay_steps = 1_500
   config.train.num_steps = 1_500

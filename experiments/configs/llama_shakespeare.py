@@ -26,6 +26,6 @@ def get_config():
   config.model = ml_collections.ConfigDict(
       dict(LLAMA_ARCHITECTURE, emb_dim=128, num_heads=4, num_kv_heads=2, mlp_dim=384,
            num_decoder_layers=4, dropout_rate=0.0, attention_dropout_rate=0.0, dtype='float32',
-           param_dtype='float32', remat_policy='none', scan_layers=False,
+           matmul_dtype='auto', param_dtype='float32', remat_policy='none', scan_layers=False,
            attention_implementation='auto'))
   return config

@@ -40,8 +40,9 @@ def lm_config() -> ml_collections.ConfigDict:
   # from its one definition beside gpt2_config(); sizes and dropout are this config's own.
   config.model = ml_collections.ConfigDict(
       dict(GPT2_ARCHITECTURE, emb_dim=384, num_heads=6, mlp_dim=1536, num_decoder_layers=6,
-           dropout_rate=0.2, attention_dropout_rate=0.2, dtype='float32', param_dtype='float32',
-           remat_policy='none', scan_layers=False, attention_implementation='auto'))
+           dropout_rate=0.2, attention_dropout_rate=0.2, dtype='float32', matmul_dtype='auto',
+           param_dtype='float32', remat_policy='none', scan_layers=False,
+           attention_implementation='auto'))
 
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).
   config.eval = ml_collections.ConfigDict()

@@ -50,7 +50,7 @@ def translate_config() -> ml_collections.ConfigDict:
            dropout_rate=0.1, attention_dropout_rate=0.1, norm_type='layernorm',
            norm_position='post', position='sinusoidal', activation='relu', use_bias=True,
            share_embeddings=True, tie_output=True, scale_embeddings=True, dtype='float32',
-           param_dtype='float32', remat_policy='none', scan_layers=False,
+           matmul_dtype='auto', param_dtype='float32', remat_policy='none', scan_layers=False,
            attention_implementation='auto'))
 
   # Fine-tuning a pretrained T5 (text to text; workflows/t5_init.py): at most one of

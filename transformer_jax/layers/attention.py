@@ -93,7 +93,8 @@ class MultiHeadAttention(nn.Module):
       raise ValueError('segment ids (packed rows) are for training and scoring; decode mode '
                        'takes one sequence per row')
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
-                              param_dtype=cfg.param_dtype, kernel_init=self.kernel_init)
+                              matmul_dtype=cfg.matmul_dtype, param_dtype=cfg.param_dtype,
+                              kernel_init=self.kernel_init)
     query_init = self.kernel_init
     if not cfg.scale_attention_scores:
       query_init = _scaled_init(self.kernel_init, cfg.head_dim**-0.5)
@@ -155,7 +156,8 @@ class MultiHeadAttention(nn.Module):
                                   deterministic=deterministic, dtype=cfg.dtype,
                                   implementation=cfg.attention_implementation, causal=causal,
                                   partition=attention_partition(), query_segment_ids=segment_ids,
-                                  key_segment_ids=context_segment_ids)
+                                  key_segment_ids=context_segment_ids,
+                                  matmul_dtype=cfg.matmul_dtype)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'kv'))
     return dense((cfg.emb_dim,), ('heads', 'kv', 'embed'), num_in_axes=2, name='out')(out)
 

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jax import lax
+
 default_kernel_init = nn.initializers.lecun_normal()
 
 
@@ -31,6 +33,10 @@ class DenseGeneral(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init
+  # The matmul's dtype when it differs from `dtype` (the CPU precision policy, precision.py):
+  # operands cast to it and the product rounded to it, as PyTorch's autocast does; the result is
+  # read back in `dtype`. None: `dtype`.
+  matmul_dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
@@ -47,7 +53,12 @@ class DenseGeneral(nn.Module):
                                                                tuple(self.kernel_axes)),
                         in_shape + features, self.param_dtype)
     x2d = x.reshape(-1, fan_in).astype(self.dtype)
-    y = x2d @ kernel.astype(self.dtype).reshape(fan_in, fan_out)
+    kernel2d = kernel.reshape(fan_in, fan_out)
+    if self.matmul_dtype is None or jnp.dtype(self.matmul_dtype) == jnp.dtype(self.dtype):
+      y = x2d @ kernel2d.astype(self.dtype)
+    else:
+      y = lax.dot(x2d.astype(self.matmul_dtype), kernel2d.astype(self.matmul_dtype))
+      y = y.astype(self.dtype)
     if self.use_bias:
       bias = self.param(
           'bias',

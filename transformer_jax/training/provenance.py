@@ -92,8 +92,10 @@ def _config_dict(config) -> dict:
   return json.loads(json.dumps(config, default=str, sort_keys=True))
 
 
-def collect(config, mesh: jax.sharding.Mesh, start_step: int) -> dict:
-  """The provenance record of a run starting (or resuming) at `start_step`."""
+def collect(config, mesh: jax.sharding.Mesh, start_step: int,
+            matmul_dtype: dict | None = None) -> dict:
+  """The provenance record of a run starting (or resuming) at `start_step`; `matmul_dtype`: the
+  dtype the model's matmuls run in and why (precision.py), where the caller knows it."""
   devices = jax.devices()
   return {
       'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -112,6 +114,7 @@ def collect(config, mesh: jax.sharding.Mesh, start_step: int) -> dict:
       },
       'mesh': {str(name): int(size) for name, size in mesh.shape.items()},
       'config': _config_dict(config),
+      'matmul_dtype': matmul_dtype,
   }
 
 

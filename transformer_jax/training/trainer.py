@@ -21,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from transformer_jax import precision
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.model_config import TransformerConfig
 from transformer_jax.parallel import sharding
 from transformer_jax.training import preemption, provenance
 from transformer_jax.training.checkpointing import Checkpointer
@@ -47,6 +49,7 @@ class EvalContext:
 
 class Task(Protocol):
   """What the trainer needs to know about a model family."""
+  cfg: TransformerConfig  # the model's config (the log and provenance say its matmul dtype)
 
   def init_variables(self, rng: jax.Array) -> dict:
     """Boxed (logically partitioned) variables {'params': ...} from `model.init`."""
@@ -122,6 +125,17 @@ class Trainer:
     self._train_step = sharded.step
     self._eval_step = jax.jit(make_eval_step(task.loss_fn),
                               in_shardings=(self.state_shardings.params, self._batch_sharding))
+    matmul = task.cfg.matmul_dtype
+    logging.info(
+        'matmuls in %s (%s)',
+        jnp.dtype(matmul).name if matmul else 'model.dtype '
+        f'{jnp.dtype(task.cfg.dtype).name}', self.matmul_reason())
+
+  def matmul_reason(self) -> str:
+    """Why the model's matmuls run in the dtype they do (model.matmul_dtype's choice)."""
+    setting = self.config.get('model', {}).get('matmul_dtype', None)
+    platform = self.mesh.devices.flat[0].platform
+    return precision.resolve(setting, platform).reason
 
   # -- state ----------------------------------------------------------------------------------
 
@@ -268,7 +282,11 @@ class Trainer:
     """One line of WORKDIR/provenance.jsonl and TensorBoard text 'provenance' (chief only)."""
     if not self.is_chief:
       return
-    record = provenance.collect(self.config, self.mesh, step)
+    matmul = {
+        'dtype': jnp.dtype(self.task.cfg.matmul_dtype or self.task.cfg.dtype).name,
+        'reason': self.matmul_reason()
+    }
+    record = provenance.collect(self.config, self.mesh, step, matmul)
     if record['git']['error']:
       logging.info('provenance: no git commit for the code (%s)', record['git']['error'])
     path = provenance.append(self.workdir, record)

@@ -1,0 +1,173 @@
+"""The CPU precision policy: bf16 matmuls where the CPU has bf16 matrix units, float32 elsewhere.
+
+In the spirit of PyTorch's `torch.autocast("cpu", dtype=torch.bfloat16)`: the matmuls (dense
+layers, attention's score and value products) take bf16 operands and give bf16 results, which
+the next op reads as float32; parameters, the optimizer, norms, softmax, the loss and every
+elementwise op stay float32. `model.matmul_dtype` selects it:
+
+  'auto'       this module decides (`choose`): bf16 on a CPU with `amx_bf16` or `avx512_bf16`
+               where a one-time probe shows the bf16 dot faster, float32 otherwise; accelerators
+               keep `model.dtype` (bf16 compute there is the whole model's dtype).
+  'bfloat16'   the policy, wherever the run is.
+  'none'       no policy: the matmuls run in `model.dtype`.
+
+What runs fast, measured on a 2-core Xeon with AMX, jax 0.12 (docs/results.md): XLA:CPU's
+default dot path (YNNPACK) multiplies bf16 [M, K] @ [K, N] row-major operands at 1,200-1,500
+GFLOP/s against 270-300 in float32, but computes every other orientation (the gradient's
+x^T g and g w^T) in float32, and bf16 results beat float32 ones there. So the policy makes the
+forward matmuls ~4x faster and leaves the gradient's at the float32 rate: the mid GPT step
+1,447 -> 1,038 ms, BERT (MiniLM size) 1,422 -> 1,040. XLA's oneDNN dot fusion
+(`xla_cpu_use_onednn` with `xla_cpu_experimental_onednn_fusion_type`) runs every orientation at
+1,600-2,900 GFLOP/s and would make the mid step 499 ms, ahead of PyTorch's autocast, but it
+computes wrong gradients for a 2-layer GPT (25% relative error, float32 too; each dot alone is
+right), so the project does not use it: `benchmarks/cpu_bf16_paths.py` checks both again.
+
+The probe (a fraction of a second: two 1024^3 products) is cached per machine and jaxlib in
+$XDG_CACHE_HOME/transformer_jax/cpu_matmul_probe.json. TRANSFORMER_JAX_AUTO_MATMUL_DTYPE
+(float32 or bfloat16) fixes what 'auto' picks (the test suite sets float32, so results do not
+depend on the CPU the tests run on).
+
+This module imports jax only inside the functions that need it.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+from transformer_jax.errors import ConfigError
+
+# Settings of model.matmul_dtype.
+SETTINGS = ('auto', 'none', 'float32', 'bfloat16')
+POLICY_DTYPE = 'bfloat16'
+# CPU flags (/proc/cpuinfo) of bf16 matrix hardware: Intel AMX (Sapphire Rapids on), AVX512-BF16
+# (Cooper Lake, Zen 4 on).
+BF16_CPU_FLAGS = ('amx_bf16', 'avx512_bf16')
+# The policy is picked when the probe's bf16 dot is at least this much faster than float32.
+MIN_PROBE_SPEEDUP = 1.5
+PROBE_SIZE = 1024
+AUTO_VARIABLE = 'TRANSFORMER_JAX_AUTO_MATMUL_DTYPE'
+_PROBED: dict[str, float] = {}  # this process's probe results, by CPU model and jaxlib
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """What `model.matmul_dtype` resolved to: a dtype name or None (no policy), and why."""
+  matmul_dtype: str | None
+  reason: str
+
+
+def resolve(setting: str | None, platform: str | None = None) -> Choice:
+  """The Choice for a `model.matmul_dtype` setting (one of SETTINGS; None is 'none')."""
+  setting = 'none' if setting in (None, '', 'None') else setting
+  if setting not in SETTINGS:
+    raise ConfigError(f'model.matmul_dtype must be one of {list(SETTINGS)}, got {setting!r}')
+  if setting == 'auto':
+    return choose(platform)
+  if setting == 'none':
+    return Choice(None, 'model.matmul_dtype=none: the matmuls run in model.dtype')
+  return Choice(setting, f'model.matmul_dtype={setting}')
+
+
+def choose(platform: str | None = None, cpu_flags: set[str] | None = None, probe=None) -> Choice:
+  """'auto': the policy on a CPU with bf16 matrix units where the probe shows it faster.
+
+  `cpu_flags` (default: /proc/cpuinfo's) and `probe` (default: `probe_speedup`, cached) are
+  parameters so that tests can fake a machine.
+  """
+  forced = os.environ.get(AUTO_VARIABLE, '')
+  if forced:
+    if forced not in ('float32', 'bfloat16'):
+      raise ConfigError(f'{AUTO_VARIABLE} must be float32 or bfloat16, got {forced!r}')
+    return Choice(None if forced == 'float32' else forced, f'{AUTO_VARIABLE}={forced}')
+  if platform is None:
+    import jax
+    platform = jax.default_backend()
+  if platform != 'cpu':
+    return Choice(None, f'{platform}: matmuls in model.dtype (the policy is for CPUs)')
+  flags = cpu_bf16_flags() if cpu_flags is None else set(cpu_flags) & set(BF16_CPU_FLAGS)
+  if not flags:
+    return Choice(None, 'this CPU has no bf16 matrix units (neither amx_bf16 nor avx512_bf16)')
+  speedup = (probe or probe_speedup)()
+  have = '+'.join(sorted(flags))
+  if speedup < MIN_PROBE_SPEEDUP:
+    return Choice(
+        None, f'CPU has {have} but the bf16 dot is only {speedup:.2f}x float32 here '
+        f'(below {MIN_PROBE_SPEEDUP}x)')
+  return Choice(POLICY_DTYPE, f'CPU has {have}; the bf16 dot is {speedup:.1f}x float32')
+
+
+def cpuinfo_value(key: str, cpuinfo: str = '/proc/cpuinfo') -> str | None:
+  """The value of the first `key` line of /proc/cpuinfo ('flags', 'model name'); None where the
+  file or the line is missing."""
+  try:
+    with open(cpuinfo, encoding='utf-8') as f:
+      for line in f:
+        if line.startswith(key):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
+def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> set[str]:
+  """The BF16_CPU_FLAGS this machine's CPU reports (empty where /proc/cpuinfo is missing)."""
+  return set((cpuinfo_value('flags', cpuinfo) or '').split()) & set(BF16_CPU_FLAGS)
+
+
+def probe_speedup(cache_path: str | None = None) -> float:
+  """float32 time / bf16 time of a PROBE_SIZE^3 matmul, from the cache when this CPU model and
+  jaxlib were probed before."""
+  import jax
+  cache_path = cache_path or _cache_path()
+  key = f'{_cpu_model()} | jaxlib {jax.lib.__version__}'
+  if key in _PROBED:
+    return _PROBED[key]
+  cached = _read_json(cache_path)
+  if key in cached:
+    _PROBED[key] = float(cached[key])
+    return _PROBED[key]
+  speedup = _PROBED[key] = round(_time_dot('float32') / _time_dot(POLICY_DTYPE), 3)
+  cached[key] = speedup
+  try:
+    os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+    with open(cache_path + '.tmp', 'w') as f:
+      json.dump(cached, f, indent=1)
+    os.replace(cache_path + '.tmp', cache_path)
+  except OSError:
+    pass  # a read-only home only costs the probe again next run
+  return speedup
+
+
+def _time_dot(dtype: str) -> float:
+  """Best of 5 seconds of one jitted PROBE_SIZE^3 matmul in `dtype`."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((PROBE_SIZE, PROBE_SIZE), dtype)
+  dot = jax.jit(lambda a, b: a @ b)
+  dot(a, a).block_until_ready()
+  best = float('inf')
+  for _ in range(5):
+    start = time.perf_counter()
+    dot(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def _cache_path() -> str:
+  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache_home, 'transformer_jax', 'cpu_matmul_probe.json')
+
+
+def _cpu_model() -> str:
+  import platform
+  return cpuinfo_value('model name') or platform.processor() or platform.machine()
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      value = json.load(f)
+    return value if isinstance(value, dict) else {}
+  except (OSError, ValueError):
+    return {}
