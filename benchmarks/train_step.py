@@ -234,6 +234,7 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   import ml_collections
   from transformer_jax.parallel import sharding
   from transformer_jax.training.optimizer import make_optimizer
+  from transformer_jax.training.train_step import step_compiler_options
   from transformer_jax.training.trainer import TrainState, make_train_step
 
   task, loss_impl = _jax_task(spec)
@@ -253,7 +254,8 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jax.jit(make_train_step(task.loss_fn, tx,
                                        seed), in_shardings=(state_shardings, batch_sharding),
-                       out_shardings=(state_shardings, None), donate_argnums=(0,))
+                       out_shardings=(state_shardings, None), donate_argnums=(0,),
+                       compiler_options=step_compiler_options(task, mesh))
   with sharding.use_mesh(mesh, rules):
     state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
                     out_shardings=state_shardings)(jax.random.key(seed))
@@ -267,6 +269,7 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
 
 def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   import jax
+  from transformer_jax import precision
   from transformer_jax.parallel import sharding
 
   training = build_jax_training(spec, seed)
@@ -282,7 +285,9 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   n = MATMUL_N.get(jax.default_backend(), 8192)
   a = jax.random.normal(jax.random.key(1), (n, n), _DTYPE.value)
   b = jax.random.normal(jax.random.key(2), (n, n), _DTYPE.value)
-  matmul = jax.jit(lambda a, b: a @ b)  # in the dtype the model's matmuls run in
+  # In the dtype the model's matmuls run in, compiled as its step is (the policy's options).
+  matmul = jax.jit(lambda a, b: a @ b,
+                   compiler_options=precision.compiler_options(_DTYPE.value, jax.default_backend()))
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
@@ -307,7 +312,6 @@ def _jax_precision() -> dict:
 
 def _jax_task(spec: dict):
   """(task, description) of the real training task for the config's model."""
-  from transformer_jax.model_config import DTYPES
   common = dict(vocab_size=spec['vocab_size'], emb_dim=spec['n_embd'], num_heads=spec['n_head'],
                 dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=_SCAN.value,
                 **_jax_precision())

@@ -6,6 +6,7 @@ policy itself (bf16 matmuls with XLA:CPU's oneDNN options) compiles and runs on 
 slower without bf16 units.
 """
 
+import functools
 import json
 
 import jax
@@ -16,7 +17,7 @@ import pytest
 from transformer_jax import precision
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import model_config_from_dict
-from transformer_jax.models.gpt import GPT, gpt2_config
+from transformer_jax.models.gpt import gpt2_config
 from transformer_jax.tasks.lm import LanguageModelTask
 
 TINY = dict(vocab_size=64, emb_dim=32, num_heads=4, mlp_dim=64, num_decoder_layers=2, max_len=16,
@@ -29,7 +30,8 @@ def unpinned(monkeypatch):
   monkeypatch.delenv(precision.AUTO_VARIABLE, raising=False)
 
 
-def test_auto_needs_bf16_units_and_a_faster_probe(unpinned):
+def test_auto_needs_bf16_units_and_a_faster_probe(unpinned, monkeypatch):
+  monkeypatch.setattr(precision.xla_options, 'jaxlib_version', lambda: '0.12.0.1')
   fast, slow = (lambda: 4.2), (lambda: 1.1)
   chosen = precision.choose('cpu', cpu_flags={'avx2', 'amx_bf16'}, probe=fast)
   assert chosen.matmul_dtype == 'bfloat16' and 'amx_bf16' in chosen.reason
@@ -137,24 +139,85 @@ def test_policy_dtypes_per_op_kind():
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
 
 
-def test_policy_numbers_close_to_float32():
-  """Loss and gradients of a tiny GPT under the policy against float32 (bf16 keeps 8 bits of
-  mantissa: a relative error of 2^-8 per rounding); measured: loss 1e-4, gradients 1% (median)."""
+def test_old_jaxlib_keeps_float32(unpinned, monkeypatch):
+  """jaxlib 0.10.2 multiplies bf16 slower than float32 on CPU and dies of an illegal instruction
+  under the oneDNN options: 'auto' keeps float32 there without probing, and no options."""
+  monkeypatch.setattr(precision.xla_options, 'jaxlib_version', lambda: '0.10.2')
+  chosen = precision.choose('cpu', cpu_flags={'amx_bf16'}, probe=lambda: 5.0)
+  assert chosen.matmul_dtype is None and 'jaxlib 0.10.2' in chosen.reason
+  assert precision.compiler_options(jnp.bfloat16, 'cpu') is None
+  assert precision.has_fast_bf16_dots('0.11.2') and precision.has_fast_bf16_dots('0.12.0.1')
+
+
+def test_compiler_options_only_for_the_cpu_policy(monkeypatch):
+  monkeypatch.setattr(precision.xla_options, 'jaxlib_version', lambda: '0.12.0.1')
+  options = precision.compiler_options(jnp.bfloat16, 'cpu')
+  assert options['xla_cpu_use_onednn'] is True
+  assert options['xla_cpu_experimental_onednn_fusion_type'] == 'LIBRARY_FUSION_TYPE_DOT'
+  assert precision.compiler_options('bfloat16', 'cpu') == options
+  assert precision.compiler_options(None, 'cpu') is None
+  assert precision.compiler_options(jnp.float32, 'cpu') is None
+  assert precision.compiler_options(jnp.bfloat16, 'tpu') is None
+
+
+def _gpt(matmul_dtype):
+  return _task(matmul_dtype), _batch()
+
+
+def _bert(matmul_dtype):
+  from transformer_jax.models.bert import bert_config
+  from transformer_jax.tasks.bert import BertClassificationTask
+  cfg = bert_config(**dict(TINY, num_decoder_layers=0, num_encoder_layers=2),
+                    matmul_dtype=matmul_dtype)
+  tokens = jax.random.randint(jax.random.key(1), (4, 16), 1, TINY['vocab_size'])
+  batch = {
+      'inputs': tokens, 'segments': jnp.zeros_like(tokens), 'labels': jnp.array([0, 1, 1, 0]),
+      'weights': jnp.ones(4)
+  }
+  return BertClassificationTask(cfg, 2), batch
+
+
+def _translation(matmul_dtype):
+  from transformer_jax.model_config import TransformerConfig
+  from transformer_jax.tasks.translation import TranslationTask
+  cfg = TransformerConfig(**dict(TINY, num_encoder_layers=2), matmul_dtype=matmul_dtype)
+  tokens = jax.random.randint(jax.random.key(1), (2, 2, 16), 3, TINY['vocab_size'])
+  return TranslationTask(cfg), {'inputs': tokens[0], 'targets': tokens[1]}
+
+
+def _mean_loss(task, params, batch):
+  return task.loss_fn(params, batch, None, True)[0]
+
+
+@pytest.mark.parametrize('build', [_gpt, _bert, _translation], ids=['gpt', 'bert', 'translation'])
+def test_policy_numbers_close_to_float32(build):
+  """Loss and gradients under the policy, compiled with its XLA options (precision.py) as the
+  trainer compiles its steps, against float32: bf16 keeps 8 bits of mantissa (2^-8 relative per
+  rounding). Also the guard against
+  XLA:CPU's oneDNN fusion computing wrong gradients (25% off for a GPT with dense biases before
+  the policy's matmuls ended in a barrier)."""
   results = {}
   for matmul_dtype in (None, jnp.bfloat16):
-    task = _task(matmul_dtype)
+    task, batch = build(matmul_dtype)
     params = task.init_variables(jax.random.key(0))['params']
     params = jax.tree.map(lambda box: getattr(box, 'value', box), params,
                           is_leaf=lambda x: hasattr(x, 'value'))
-    step = jax.jit(jax.value_and_grad(lambda p, b: task.loss_fn(p, b, None, True)[0]))
-    results[matmul_dtype] = step(params, _batch())
+    loss = functools.partial(_mean_loss, task)
+    step = jax.jit(jax.value_and_grad(loss),
+                   compiler_options=precision.compiler_options(matmul_dtype, 'cpu'))
+    results[matmul_dtype] = step(params, batch)
+    if matmul_dtype is not None and precision.has_fast_bf16_dots():
+      assert 'onednn' in step.lower(params, batch).compile().as_text()
   (loss32, grads32), (loss16, grads16) = results[None], results[jnp.bfloat16]
-  np.testing.assert_allclose(loss16, loss32, rtol=2e-3)
-  errors = {
-      jax.tree_util.keystr(path): float(jnp.linalg.norm(g16 - g32) / jnp.linalg.norm(g32))
-      for (path,
-           g32), g16 in zip(jax.tree_util.tree_leaves_with_path(grads32), jax.tree.leaves(grads16))
-      if 'key' not in jax.tree_util.keystr(path) or 'bias' not in jax.tree_util.keystr(path)
-  }  # (a key bias has no gradient but rounding: softmax ignores a shift of every score)
-  assert np.median(list(errors.values())) < 0.03, errors
-  assert max(errors.values()) < 0.1, errors
+  np.testing.assert_allclose(loss16, loss32, rtol=5e-3)
+  errors = {}
+  for (path, g32), g16 in zip(jax.tree_util.tree_leaves_with_path(grads32),
+                              jax.tree.leaves(grads16)):
+    name = jax.tree_util.keystr(path)
+    if 'key' in name and 'bias' in name:
+      continue  # no gradient but rounding: softmax ignores a shift of every score
+    errors[name] = float(jnp.linalg.norm(g16 - g32) / (jnp.linalg.norm(g32) + 1e-12))
+  # Measured (2026-12-05, jax 0.12.0.1): medians 1% (GPT), 3% (translation); the miscompiled
+  # fusion gave 25% with a worst parameter at 100%.
+  assert np.median(list(errors.values())) < 0.05, errors
+  assert max(errors.values()) < 0.2, errors

@@ -21,6 +21,8 @@ SAMPLE_VALUES = {
     'xla_cpu_use_fusion_emitters': False,
     'xla_force_host_platform_device_count': 2,
     'xla_cpu_experimental_ynn_fusion_type': '',
+    'xla_cpu_use_onednn': False,
+    'xla_cpu_experimental_onednn_fusion_type': '',
 }
 # Names XLA reads from XLA_FLAGS only (client flags), not per compilation.
 NOT_COMPILER_OPTIONS = {'xla_force_host_platform_device_count'}

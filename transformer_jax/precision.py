@@ -11,16 +11,16 @@ elementwise op stay float32. `model.matmul_dtype` selects it:
   'bfloat16'   the policy, wherever the run is.
   'none'       no policy: the matmuls run in `model.dtype`.
 
-What runs fast, measured on a 2-core Xeon with AMX, jax 0.12 (docs/results.md): XLA:CPU's
-default dot path (YNNPACK) multiplies bf16 [M, K] @ [K, N] row-major operands at 1,200-1,500
-GFLOP/s against 270-300 in float32, but computes every other orientation (the gradient's
-x^T g and g w^T) in float32, and bf16 results beat float32 ones there. So the policy makes the
-forward matmuls ~4x faster and leaves the gradient's at the float32 rate: the mid GPT step
-1,447 -> 1,038 ms, BERT (MiniLM size) 1,422 -> 1,040. XLA's oneDNN dot fusion
-(`xla_cpu_use_onednn` with `xla_cpu_experimental_onednn_fusion_type`) runs every orientation at
-1,600-2,900 GFLOP/s and would make the mid step 499 ms, ahead of PyTorch's autocast, but it
-computes wrong gradients for a 2-layer GPT (25% relative error, float32 too; each dot alone is
-right), so the project does not use it: `benchmarks/cpu_bf16_paths.py` checks both again.
+Why bf16 results, and why compiler options (measured on a 2-core Xeon with AMX, jax 0.12,
+docs/performance.md): XLA:CPU's default dot library, YNNPACK, multiplies bf16 operands fast only
+as [M, K] @ [K, N] row-major and silently computes every other orientation, such as the
+gradient's x^T g and g w^T, in float32. oneDNN's dot fusion runs every orientation at the bf16
+rate (1,000-2,500 GFLOP/s against 230-300 for float32) but only with bf16 results. So a model
+under the policy is compiled with `compiler_options(...)`: dots to oneDNN, YNNPACK kept for
+reductions. oneDNN's fusion of a dot with the elementwise ops after it (a bias add) computes
+wrong gradients (2-layer GPT, jax 0.12.0.1); the policy's matmuls end in an optimization
+barrier so nothing is fused into them, and tests/test_precision.py checks the gradients of a
+GPT, a BERT and a translation model against float32 on every supported jax.
 
 The probe (a fraction of a second: two 1024^3 products) is cached per machine and jaxlib in
 $XDG_CACHE_HOME/transformer_jax/cpu_matmul_probe.json. TRANSFORMER_JAX_AUTO_MATMUL_DTYPE
@@ -34,7 +34,9 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 
+from transformer_jax import xla_options
 from transformer_jax.errors import ConfigError
 
 # Settings of model.matmul_dtype.
@@ -47,6 +49,9 @@ BF16_CPU_FLAGS = ('amx_bf16', 'avx512_bf16')
 MIN_PROBE_SPEEDUP = 1.5
 PROBE_SIZE = 1024
 AUTO_VARIABLE = 'TRANSFORMER_JAX_AUTO_MATMUL_DTYPE'
+# The first jaxlib checked to run bf16 dots fast on CPU (0.10.2: 230 GFLOP/s, slower than its
+# float32) and to take the oneDNN options (0.10.2 dies of an illegal instruction with them).
+FAST_BF16_JAXLIB = '0.11.2'
 _PROBED: dict[str, float] = {}  # this process's probe results, by CPU model and jaxlib
 
 
@@ -55,6 +60,25 @@ class Choice:
   """What `model.matmul_dtype` resolved to: a dtype name or None (no policy), and why."""
   matmul_dtype: str | None
   reason: str
+
+
+def compiler_options(matmul_dtype, platform: str = 'cpu') -> dict | None:
+  """`jax.jit(..., compiler_options=...)` for the steps of a model whose matmuls run in
+  `matmul_dtype`: on CPU under the policy, dots to oneDNN and YNNPACK for reductions only; None
+  (XLA's defaults) otherwise."""
+  if platform != 'cpu' or matmul_dtype is None or _name(matmul_dtype) != POLICY_DTYPE:
+    return None
+  if not has_fast_bf16_dots():
+    return None
+  # XLA cannot store a program with oneDNN fusions in the compilation cache ("ToProto is not
+  # implemented for thunk kind: onednn-fusion"): such steps compile on every run (~5 s for the
+  # mid GPT); jax's warning about it on every compile says nothing more.
+  warnings.filterwarnings(
+      'ignore', message='Error writing persistent compilation cache entry.*'
+      'onednn-fusion')
+  return xla_options.compiler_options(
+      xla_cpu_use_onednn=True, xla_cpu_experimental_onednn_fusion_type='LIBRARY_FUSION_TYPE_DOT',
+      xla_cpu_experimental_ynn_fusion_type='LIBRARY_FUSION_TYPE_REDUCE') or None
 
 
 def resolve(setting: str | None, platform: str | None = None) -> Choice:
@@ -85,6 +109,10 @@ def choose(platform: str | None = None, cpu_flags: set[str] | None = None, probe
     platform = jax.default_backend()
   if platform != 'cpu':
     return Choice(None, f'{platform}: matmuls in model.dtype (the policy is for CPUs)')
+  if not has_fast_bf16_dots():
+    return Choice(
+        None, f'jaxlib {xla_options.jaxlib_version()} has no fast bf16 dot on CPU '
+        f'(jaxlib >= {FAST_BF16_JAXLIB} has)')
   flags = cpu_bf16_flags() if cpu_flags is None else set(cpu_flags) & set(BF16_CPU_FLAGS)
   if not flags:
     return Choice(None, 'this CPU has no bf16 matrix units (neither amx_bf16 nor avx512_bf16)')
@@ -95,6 +123,12 @@ def choose(platform: str | None = None, cpu_flags: set[str] | None = None, probe
         None, f'CPU has {have} but the bf16 dot is only {speedup:.2f}x float32 here '
         f'(below {MIN_PROBE_SPEEDUP}x)')
   return Choice(POLICY_DTYPE, f'CPU has {have}; the bf16 dot is {speedup:.1f}x float32')
+
+
+def has_fast_bf16_dots(version: str | None = None) -> bool:
+  """Whether jaxlib `version` (default: the installed one) runs bf16 dots fast on CPU."""
+  version = version or xla_options.jaxlib_version()
+  return xla_options.version_tuple(version) >= xla_options.version_tuple(FAST_BF16_JAXLIB)
 
 
 def cpuinfo_value(key: str, cpuinfo: str = '/proc/cpuinfo') -> str | None:
@@ -140,11 +174,12 @@ def probe_speedup(cache_path: str | None = None) -> float:
 
 
 def _time_dot(dtype: str) -> float:
-  """Best of 5 seconds of one jitted PROBE_SIZE^3 matmul in `dtype`."""
+  """Best of 5 seconds of one jitted PROBE_SIZE^3 matmul in `dtype`, compiled as the steps are
+  (`compiler_options`), with a transposed operand as the gradient's matmuls have."""
   import jax
   import jax.numpy as jnp
   a = jnp.ones((PROBE_SIZE, PROBE_SIZE), dtype)
-  dot = jax.jit(lambda a, b: a @ b)
+  dot = jax.jit(lambda a, b: a.T @ b, compiler_options=compiler_options(dtype))
   dot(a, a).block_until_ready()
   best = float('inf')
   for _ in range(5):
@@ -152,6 +187,14 @@ def _time_dot(dtype: str) -> float:
     dot(a, a).block_until_ready()
     best = min(best, time.perf_counter() - start)
   return best
+
+
+def _name(dtype) -> str:
+  """'bfloat16' for 'bfloat16', jnp.bfloat16 or its numpy dtype."""
+  if isinstance(dtype, str):
+    return dtype
+  name = getattr(dtype, 'name', None)
+  return name if isinstance(name, str) else getattr(dtype, '__name__', str(dtype))
 
 
 def _cache_path() -> str:

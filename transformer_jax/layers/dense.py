@@ -58,7 +58,10 @@ class DenseGeneral(nn.Module):
       y = x2d @ kernel2d.astype(self.dtype)
     else:
       y = lax.dot(x2d.astype(self.matmul_dtype), kernel2d.astype(self.matmul_dtype))
-      y = y.astype(self.dtype)
+      # The barrier keeps the bias add and what follows out of the dot's fusion: XLA:CPU's oneDNN
+      # dot fusion, which the policy's steps use (precision.py), computes wrong gradients when it
+      # fuses them (benchmarks/cpu_bf16_paths.py checks it).
+      y = lax.optimization_barrier(y).astype(self.dtype)
     if self.use_bias:
       bias = self.param(
           'bias',

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from transformer_jax import precision
 from transformer_jax.parallel import sharding
 from transformer_jax.training.accumulation import accumulated_value_and_grad
 
@@ -83,6 +84,12 @@ class ShardedTrainStep:
   batch_sharding: jax.sharding.NamedSharding  # rows split over data x fsdp
 
 
+def step_compiler_options(task, mesh: jax.sharding.Mesh) -> dict | None:
+  """XLA options for `task`'s steps on `mesh`'s platform: the CPU precision policy's when the
+  model's matmuls run in bf16 on CPU (`precision.compiler_options`), else None."""
+  return precision.compiler_options(task.cfg.matmul_dtype, mesh.devices.flat[0].platform)
+
+
 def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *, seed: int,
                      accumulation_steps: int = 1,
                      rules=sharding.LOGICAL_AXIS_RULES) -> ShardedTrainStep:
@@ -105,6 +112,7 @@ def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.
   batch_sharding = sharding.batch_sharding(mesh)
   step = jax.jit(make_train_step(task.loss_fn, tx, seed, accumulation_steps),
                  in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None), donate_argnums=(0,))
+                 out_shardings=(state_shardings, None), donate_argnums=(0,),
+                 compiler_options=step_compiler_options(task, mesh))
   return ShardedTrainStep(step=step, create_state=create_state, state_shardings=state_shardings,
                           abstract_state=abstract_state, batch_sharding=batch_sharding)

@@ -31,7 +31,8 @@ from transformer_jax.training.metrics_writer import MetricsWriter
 from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.profiling import ProfileWindow, profile_window
 from transformer_jax.training.train_step import (Batch, Metrics, TrainState, build_train_step,
-                                                 make_eval_step, make_train_step)
+                                                 step_compiler_options, make_eval_step,
+                                                 make_train_step)
 
 __all__ = [
     'EvalContext', 'NonFiniteError', 'Task', 'TrainState', 'Trainer', 'count_slots', 'count_tokens',
@@ -49,7 +50,7 @@ class EvalContext:
 
 class Task(Protocol):
   """What the trainer needs to know about a model family."""
-  cfg: TransformerConfig  # the model's config (the log and provenance say its matmul dtype)
+  cfg: TransformerConfig  # the model's config: its matmul_dtype sets the steps' XLA options
 
   def init_variables(self, rng: jax.Array) -> dict:
     """Boxed (logically partitioned) variables {'params': ...} from `model.init`."""
@@ -124,7 +125,8 @@ class Trainer:
     self.eval_context = EvalContext(self.mesh, self.to_global, self.metrics.text)
     self._train_step = sharded.step
     self._eval_step = jax.jit(make_eval_step(task.loss_fn),
-                              in_shardings=(self.state_shardings.params, self._batch_sharding))
+                              in_shardings=(self.state_shardings.params, self._batch_sharding),
+                              compiler_options=step_compiler_options(task, self.mesh))
     matmul = task.cfg.matmul_dtype
     logging.info(
         'matmuls in %s (%s)',
