@@ -90,12 +90,6 @@ DEFAULT_STEPS = {
 # *median* step is reported (the steady state a long run sees); the worst step's faults too.
 FLOPS_FORMULA = '6*N_nonembed + 12*n_layer*block_size*n_embd FLOPs per token'
 MATMUL_N = {'cpu': 2048}  # accelerators: 8192 (a 2048^3 product is too small to fill a GPU)
-# Nominal dense bf16 FLOP/s per chip, for model FLOP utilisation (MFU) on accelerators.
-# The first key contained in `device_kind` wins (SXM figures for H100/H200).
-PEAK_BF16_FLOPS = {
-    'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L4': 121e12, 'TPU v4': 275e12,
-    'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6': 918e12
-}
 
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds; each runs JAX then PyTorch per config.')
 _CONFIGS = flags.DEFINE_list('configs', ['baby', 'mid'], f'Configs to run, of {list(CONFIGS)}.')
@@ -119,6 +113,9 @@ _BATCH = flags.DEFINE_integer('batch_size', 0, 'Rows per step instead of the con
 _SCAN = flags.DEFINE_bool(
     'scan_layers', False, 'JAX: run the layers as one nn.scan (compiles '
     'one layer instead of all: shorter time to the first step).')
+_ASYNC = flags.DEFINE_bool(
+    'async_dispatch', False, 'JAX on CPU: dispatch steps asynchronously (jax\'s default) instead '
+    'of synchronously as the experiments do (cli/process.synchronous_cpu_dispatch).')
 # Internal: a child process runs one variant ("jax-baby", "torch-mid", ...).
 _VARIANT = flags.DEFINE_string('variant', None, 'Internal: run one variant and print its JSON.')
 _WARMUP = flags.DEFINE_integer('warmup', None, 'Internal: warm-up steps for --variant.')
@@ -270,8 +267,11 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
 def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   import jax
   from transformer_jax import precision
+  from transformer_jax.cli import process
   from transformer_jax.parallel import sharding
 
+  if not _ASYNC.value:
+    process.synchronous_cpu_dispatch()  # as the experiments' entry points do
   training = build_jax_training(spec, seed)
 
   def step(state, batch):
@@ -291,12 +291,14 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
-  peaks = [v for k, v in PEAK_BF16_FLOPS.items() if k in device_kind]
+  from transformer_jax import flops  # nominal chip peaks, for MFU on accelerators
+  peaks = [v for k, v in flops.NOMINAL_PEAK_FLOPS.items() if k in device_kind]
   result.update(
       non_embedding_params=training.non_embedding_params, loss_impl=training.loss_impl, matmul_n=n,
       matmul_flops_per_s=2.0 * n**3 / seconds, device_kind=device_kind,
       peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu' else None,
-      jax_version=jax.__version__, backend=jax.default_backend())
+      jax_version=jax.__version__, backend=jax.default_backend(),
+      dispatch='asynchronous' if _ASYNC.value else 'synchronous')
   return result
 
 
@@ -461,7 +463,8 @@ def _spawn(variant: str, warmup: int, timed: int, python: str | None = None) -> 
       os.path.abspath(__file__), f'--variant={variant}', f'--warmup={warmup}',
       f'--timed_steps={timed}', f'--seed={_SEED.value}', f'--torch_threads={_TORCH_THREADS.value}',
       f'--dtype={_DTYPE.value}', f'--batch_size={_BATCH.value}',
-      f'--{"" if _SCAN.value else "no"}scan_layers'
+      f'--{"" if _SCAN.value else "no"}scan_layers',
+      f'--{"" if _ASYNC.value else "no"}async_dispatch'
   ]
   proc = subprocess.run(command, capture_output=True, text=True, check=False)
   if proc.returncode != 0:

@@ -21,6 +21,7 @@ LEVELS = {
     'xla_options': 0,
     'precision': 0.5,  # between errors and model_config, which resolves model.matmul_dtype
     'model_config': 1,
+    'flops': 1,  # model FLOPs and the MFU peak: used by tasks, the trainer and the planner
     'kernels': 2,
     'parallel': 2,
     'data': 2,

@@ -16,7 +16,7 @@ import pytest
 
 from transformer_jax import precision
 from transformer_jax.errors import ConfigError
-from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.model_config import model_config_from_dict, with_overrides
 from transformer_jax.models.gpt import gpt2_config
 from transformer_jax.tasks.lm import LanguageModelTask
 
@@ -69,6 +69,20 @@ def test_settings():
     model_config_from_dict(dict(TINY, matmul_dtype='half'))
   assert model_config_from_dict(dict(TINY, matmul_dtype='bfloat16')).matmul_dtype == jnp.bfloat16
   assert model_config_from_dict(dict(TINY, matmul_dtype='auto')).matmul_dtype is None  # pinned
+
+
+def test_fine_tuning_overrides_decide_on_this_machine(monkeypatch):
+  """A pretrained model's config (trained where 'auto' chose bf16) fine-tuned elsewhere: the
+  fine-tuning section's 'auto' is resolved here, not kept from the checkpoint."""
+  trained_on_amx = model_config_from_dict(dict(TINY, matmul_dtype='bfloat16'))
+  monkeypatch.setenv(precision.AUTO_VARIABLE, 'float32')
+  tuned = with_overrides(trained_on_amx, dict(matmul_dtype='auto', dtype='float32'))
+  assert tuned.matmul_dtype is None and tuned.dtype == jnp.float32
+  monkeypatch.setenv(precision.AUTO_VARIABLE, 'bfloat16')
+  assert with_overrides(tuned, dict(matmul_dtype='auto')).matmul_dtype == jnp.bfloat16
+  assert with_overrides(trained_on_amx, {}).matmul_dtype == jnp.bfloat16  # no override: kept
+  with pytest.raises(ConfigError, match=r"unknown model config key\(s\) \['matmul'\]"):
+    with_overrides(trained_on_amx, dict(matmul='auto'))
 
 
 def test_probe_is_cached_per_cpu_and_jaxlib(tmp_path, monkeypatch):

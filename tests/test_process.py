@@ -83,3 +83,27 @@ def test_compilation_cache_can_be_moved_or_turned_off_and_jax_own_setting_wins(t
   line, _ = run_cache_script(tmp_path, JAX_COMPILATION_CACHE_DIR=str(jax_own),
                              TRANSFORMER_JAX_COMPILATION_CACHE=str(elsewhere / 'unused'))
   assert str(jax_own) in line and os.listdir(jax_own) and not (elsewhere / 'unused').exists()
+
+
+def test_cpu_steps_run_synchronously_after_the_entry_point_setup():
+  """After `synchronous_cpu_dispatch` a CPU computation has finished when its call returns (its
+  scratch buffers freed before the next step allocates its own), where jax's default returns at
+  once with the result still being computed. Too late (after a computation), it says so."""
+
+  def run(setup_first: bool) -> list[str]:
+    setup = 'line = process.synchronous_cpu_dispatch()\n'
+    script = ('import jax, jax.numpy as jnp\n'
+              'from transformer_jax.cli import process\n' + (setup if setup_first else '') +
+              'f = jax.jit(lambda x: jax.lax.fori_loop(0, 40, lambda i, y: jnp.tanh(y @ y), x))\n'
+              'x = jnp.ones((512, 512)) / 512\n'
+              'f(x).block_until_ready()\n'
+              'ready = all(f(x).is_ready() for _ in range(3))\n' + ('' if setup_first else setup) +
+              'print(ready, line, sep="|")')
+    out = subprocess.run([sys.executable, '-c', script], env=dict(os.environ, PYTHONPATH=REPO),
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return out.strip().splitlines()[-1].split('|')
+
+  ready, line = run(setup_first=True)
+  assert ready == 'True' and line.startswith('CPU dispatch: synchronous')
+  ready, line = run(setup_first=False)  # jax's default: the call returns before the loop ends
+  assert ready == 'False' and 'too late' in line

@@ -20,6 +20,7 @@ import optax
 import pytest
 
 from experiments.configs.common import base_config
+from transformer_jax import flops
 from transformer_jax.training import checkpointing
 from transformer_jax.training import optimizer as optim
 from transformer_jax.parallel import sharding
@@ -239,6 +240,42 @@ def toy_trainer_config(**train):
            keep_checkpoints=5))
   config.train.update(train)
   return config
+
+
+class CountedToyTask(ToyTask):
+  """ToyTask with a model FLOP formula: 1e9 FLOPs a batch."""
+
+  def model_flops(self, params, batch):
+    return 1e9
+
+
+def test_progress_line_shows_mfu_against_the_measured_matmul(tmp_path, caplog):
+  """A task with `model_flops`: every progress line and train/mfu give the model FLOP/s over a
+  2048^3 matmul measured in the model's matmul dtype (float32 here); without it, no MFU."""
+  caplog.set_level(logging.INFO, logger='absl')
+  trainer = Trainer(toy_trainer_config(num_steps=4), CountedToyTask(), str(tmp_path / 'mfu'))
+  try:
+    trainer.fit(ScriptedData(poison_from=10**9))
+  finally:
+    trainer.close()
+  peak = flops.measured_cpu_matmul(jnp.float32)  # cached: the figure the trainer divided by
+  records = read_metrics(tmp_path / 'mfu')
+  assert [r['step'] for r in records] == [1, 2, 3, 4]
+  for record in records:
+    assert record['train/model_flops_per_s'] == pytest.approx(1e9 * record['train/steps_per_s'])
+    assert record['train/mfu'] == pytest.approx(record['train/model_flops_per_s'] / peak)
+  lines = [line for line in caplog.text.splitlines() if 'step 4/4' in line]
+  assert len(lines) == 1 and re.search(r'\| MFU \d+\.\d%', lines[0])
+  assert f'against a 2048^3 float32 matmul measured now: {peak / 1e9:,.0f} GFLOP/s' in caplog.text
+
+  caplog.clear()
+  plain = Trainer(toy_trainer_config(num_steps=2), ToyTask(), str(tmp_path / 'plain'))
+  try:
+    plain.fit(ScriptedData(poison_from=10**9))
+  finally:
+    plain.close()
+  assert 'step 2/2' in caplog.text and 'MFU' not in caplog.text
+  assert all('train/mfu' not in r for r in read_metrics(tmp_path / 'plain'))
 
 
 def test_consecutive_non_finite_steps_stop_with_user_error_and_keep_checkpoint(tmp_path):

@@ -5,6 +5,7 @@ The subpackages are layers of one stack; each imports only from the ones below i
 
   errors, files, special_tokens, model_config   the base every layer shares
   precision    the CPU precision policy: bf16 matmuls where the CPU has bf16 units
+  flops        model FLOPs of a training step and the peaks MFU divides by
   kernels/     attention kernels (reference, chunked, XLA/cuDNN, Pallas) and masks
   parallel/    the device mesh, logical-axis rules, multi-host start-up
   data/        corpora, tokenizers, batching

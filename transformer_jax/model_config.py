@@ -166,16 +166,32 @@ def model_config_from_dict(values: dict, **overrides) -> TransformerConfig:
   """Builds a TransformerConfig from an ml_collections/dict section, naming unknown keys."""
   values = dict(values)
   values.update(overrides)
+  if 'matmul_dtype' not in values:
+    values['matmul_dtype'] = None
+  return TransformerConfig(**_typed(values))
+
+
+def with_overrides(cfg: TransformerConfig, section) -> TransformerConfig:
+  """`cfg` (a saved or imported model's config) with a config.model section's fields replacing
+  its own: the fine-tuning overrides. Settings are resolved as in `model_config_from_dict`
+  (matmul_dtype='auto' is decided on this machine, not taken from where `cfg` was trained)."""
+  return cfg.replace(**_typed(dict(section)))
+
+
+def _typed(values: dict) -> dict:
+  """`values` with unknown keys named, matmul_dtype's setting resolved and dtypes by name
+  replaced by the dtypes."""
   known = {f.name for f in dataclasses.fields(TransformerConfig)}
   unknown = sorted(set(values) - known)
   if unknown:
     raise ConfigError(f'unknown model config key(s) {unknown}; known keys: {sorted(known)}')
-  if isinstance(values.get('matmul_dtype'), str) or values.get('matmul_dtype') is None:
+  if 'matmul_dtype' in values and (isinstance(values['matmul_dtype'], str) or
+                                   values['matmul_dtype'] is None):
     # 'auto', 'none', 'float32' or 'bfloat16': the CPU precision policy decides (precision.py).
-    values['matmul_dtype'] = precision.resolve(values.get('matmul_dtype')).matmul_dtype
+    values['matmul_dtype'] = precision.resolve(values['matmul_dtype']).matmul_dtype
   for key in ('dtype', 'param_dtype', 'matmul_dtype'):
     if isinstance(values.get(key), str):
       if values[key] not in DTYPES:
         raise ConfigError(f'model.{key} must be one of {sorted(DTYPES)}, got {values[key]!r}')
       values[key] = DTYPES[values[key]]
-  return TransformerConfig(**values)
+  return values

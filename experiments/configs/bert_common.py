@@ -103,8 +103,8 @@ def finetune_config() -> ml_collections.ConfigDict:
   config.data.test = ''  # --mode=evaluate: a labelled TSV in the training files' format
   # Overrides of the pretrained model's config (dropout while fine-tuning).
   config.model = ml_collections.ConfigDict(
-      dict(dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32', remat_policy='none',
-           attention_implementation='auto'))
+      dict(dropout_rate=0.1, attention_dropout_rate=0.1, dtype='float32', matmul_dtype='auto',
+           remat_policy='none', attention_implementation='auto'))
   _bert_adamw(config, learning_rate=5e-5, warmup_steps=400, decay_steps=4_000)
   config.train.num_steps = 4_000
   config.train.eval_every = 500

@@ -3,7 +3,8 @@
     app.run(lambda argv: entrypoint.run(main, argv), flags_parser=entrypoint.parse_flags)
 
 `run(main)` turns a `UserError` (bad config, bad data) into one readable line on stderr and
-exit status 1, with no stack trace; anything else is a bug and keeps its traceback.
+exit status 1, with no stack trace; anything else is a bug and keeps its traceback. It also turns
+on XLA's compilation cache and synchronous CPU dispatch (cli/process.py).
 `parse_flags` does the same for config files and `--config.key=value` overrides.
 """
 
@@ -38,6 +39,7 @@ def run(main, argv=None):
   on (`process.enable_compilation_cache`)."""
   logging.get_absl_handler().addFilter(_QuietLibraries())
   logging.info('%s', process.enable_compilation_cache())
+  logging.info('%s', process.synchronous_cpu_dispatch())
   try:
     return main(argv)
   except UserError as error:

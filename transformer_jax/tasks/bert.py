@@ -20,6 +20,7 @@ from transformer_jax.parallel import sharding
 from transformer_jax.layers.losses import cross_entropy_sums, projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert
+from transformer_jax import flops
 
 SENTENCE_TASKS = ('nsp', 'sop', 'none')
 
@@ -30,6 +31,29 @@ def _count_tokens(batch) -> int:
 
 def _count_slots(batch) -> int:
   return int(batch['inputs'].size)  # the trainer's padding fraction: 1 - tokens / slots
+
+
+def bert_model_flops(cfg: TransformerConfig, params, batch, *, token_heads=(), unused=(),
+                     mlm: bool = False) -> float:
+  """Model FLOPs of a step on `batch` (transformer_jax/flops.py): the encoder and `token_heads`
+  on every position, the MLM head and its tied output on the masked positions, the other heads
+  (pooler, sentence and class heads) once per row; modules in `unused` feed no loss (XLA
+  removes them)."""
+  shape = batch['inputs'].shape
+  length, positions = shape[-1], int(np.prod(shape))
+  per_position = (
+      flops.stack_parameters(params['encoder'], cfg.num_encoder_layers, cfg.share_layers) +
+      flops.kernel_parameters(params.get('input_embedding', {})) +
+      sum(flops.kernel_parameters(params[head]) for head in token_heads))
+  counted = {'encoder', 'input_embedding', 'mlm_transform', *token_heads, *unused}
+  per_row = flops.kernel_parameters({k: v for k, v in params.items() if k not in counted})
+  total = flops.dense(per_position, positions) + flops.dense(per_row, positions // length)
+  if mlm:
+    table = params['token_embed']['embedding']
+    per_masked = flops.kernel_parameters(params['mlm_transform']) + int(np.prod(table.shape))
+    total += flops.dense(per_masked, int(np.prod(batch['mlm_positions'].shape)))
+  return total + flops.attention(cfg.num_encoder_layers, positions // length, length, length,
+                                 flops.attention_width(cfg), causal=False)
 
 
 def packing_arguments(batch) -> dict:
@@ -88,6 +112,10 @@ class BertPretrainTask:
   def count_slots(self, batch) -> int:
     return _count_slots(batch)
 
+  def model_flops(self, params, batch) -> float:
+    unused = ('pooler',) if self.sentence_task == 'none' else ()  # no sentence head reads it
+    return bert_model_flops(self.cfg, params, batch, mlm=True, unused=unused)
+
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     """Sentence-task (NSP/SOP) loss and accuracy on the held-out batches."""
     if self.sentence_task == 'none' or not self.eval_batches:
@@ -129,6 +157,9 @@ class BertClassificationTask:
 
   def count_slots(self, batch) -> int:
     return _count_slots(batch)
+
+  def model_flops(self, params, batch) -> float:
+    return bert_model_flops(self.cfg, params, batch)
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     return {}

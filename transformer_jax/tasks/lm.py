@@ -26,6 +26,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
+from transformer_jax import flops
 
 # The line whose attention maps go to TensorBoard at every evaluation ('' = none).
 ATTENTION_TEXT = 'To be, or not to be, that is the question.'
@@ -87,6 +88,17 @@ class LanguageModelTask:
 
   def count_slots(self, batch) -> int:
     return int(batch['inputs'].size)
+
+  def model_flops(self, params, batch) -> float:
+    """Model FLOPs of a step on `batch` (transformer_jax/flops.py); causal attention per row."""
+    cfg, shape = self.cfg, batch['inputs'].shape
+    length, tokens = shape[-1], int(np.prod(shape))
+    per_token = (flops.stack_parameters(params['stack'], cfg.num_decoder_layers, cfg.share_layers) +
+                 flops.kernel_parameters({k: v for k, v in params.items() if k != 'stack'}) +
+                 flops.tied_output_parameters(cfg, params['token_embed']))
+    return flops.dense(per_token, tokens) + flops.attention(cfg.num_decoder_layers,
+                                                            tokens // length, length, length,
+                                                            flops.attention_width(cfg), causal=True)
 
   # -- generation -----------------------------------------------------------------------------
 

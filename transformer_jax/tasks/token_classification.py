@@ -16,6 +16,7 @@ from transformer_jax.layers.losses import cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import Bert
 from transformer_jax.parallel import sharding
+from transformer_jax.tasks.bert import bert_model_flops
 
 
 class TokenClassificationTask:
@@ -57,6 +58,10 @@ class TokenClassificationTask:
 
   def count_slots(self, batch) -> int:
     return int(batch['inputs'].size)
+
+  def model_flops(self, params, batch) -> float:
+    return bert_model_flops(self.cfg, params, batch, token_heads=('token_classifier',),
+                            unused=('pooler',))
 
   def evaluate(self, context, params, step: int) -> dict[str, float]:
     """'accuracy_<tag>' per tag that occurs in the held-out batches."""

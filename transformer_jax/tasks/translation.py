@@ -21,6 +21,7 @@ from transformer_jax.special_tokens import EOS_ID, PAD_ID
 from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models import EncoderDecoder
+from transformer_jax import flops
 
 # The keys of a packed batch (data/packing.py) beyond 'inputs' and 'targets'.
 PACKING_KEYS = ('inputs_segment_ids', 'inputs_positions', 'targets_segment_ids',
@@ -67,6 +68,25 @@ class TranslationTask:
         0.0 if deterministic else self.label_smoothing)
     loss = smooth_sum / jnp.maximum(weight, 1.0)
     return loss, {'loss': nll_sum, 'correct': correct, 'weight': weight}
+
+  def model_flops(self, params, batch) -> float:
+    """Model FLOPs of a step on `batch` (transformer_jax/flops.py): the encoder and the
+    cross-attention's key and value projections on the source positions; the rest of the
+    decoder, its causal self-attention, the cross-attention and the output on the target ones."""
+    cfg, source, target = self.cfg, batch['inputs'].shape, batch['targets'].shape
+    s, t, rows = source[-1], target[-1], int(np.prod(target)) // target[-1]
+    layers, width = cfg.num_decoder_layers, flops.attention_width(cfg)
+    memory = flops.memory_projection_parameters(
+        params['decoder']) * (layers if cfg.share_layers else 1)
+    encoder = flops.stack_parameters(params['encoder'], cfg.num_encoder_layers, cfg.share_layers)
+    decoder = (flops.stack_parameters(params['decoder'], layers, cfg.share_layers) - memory +
+               flops.kernel_parameters(
+                   {k: v for k, v in params.items() if k not in ('encoder', 'decoder')}) +
+               flops.tied_output_parameters(cfg, params['target_embed']))
+    return (flops.dense(encoder + memory, rows * s) + flops.dense(decoder, rows * t) +
+            flops.attention(cfg.num_encoder_layers, rows, s, s, width, causal=False) +
+            flops.attention(layers, rows, t, t, width, causal=True) +
+            flops.attention(layers, rows, t, s, width, causal=False))
 
   # -- decoding -------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax import precision
+from transformer_jax import flops, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.parallel import sharding
@@ -67,6 +67,8 @@ class Task(Protocol):
   # Optional: `count_slots(batch) -> int`, the token positions of the batch those tokens fill
   # (train/padding_fraction = 1 - tokens / slots); the default is the size of 'inputs' and
   # 'targets'. A task whose count_tokens counts only 'inputs' counts only 'inputs' here too.
+  # Optional: `model_flops(params, batch) -> float`, the model FLOPs of a training step on the
+  # batch (transformer_jax/flops.py); with it the progress line shows MFU.
   # Optional: `summary_images(params) -> {tag: uint8 [H, W, 3]}`, pictures (attention maps of a
   # fixed sample) written to TensorBoard at every evaluation; run on every process.
 
@@ -137,7 +139,12 @@ class Trainer:
     """Why the model's matmuls run in the dtype they do (model.matmul_dtype's choice)."""
     setting = self.config.get('model', {}).get('matmul_dtype', None)
     platform = self.mesh.devices.flat[0].platform
-    return precision.resolve(setting, platform).reason
+    choice = precision.resolve(setting, platform)
+    mine = self.task.cfg.matmul_dtype
+    if (choice.matmul_dtype or None) != (jnp.dtype(mine).name if mine else None):
+      # A model config that did not come from config.model (a pretrained model's, kept).
+      return 'the model config of the checkpoint it starts from'
+    return choice.reason
 
   # -- state ----------------------------------------------------------------------------------
 
@@ -232,6 +239,7 @@ class Trainer:
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
     self._write_provenance(step)
     progress = _Progress(step, num_steps, float(train.get('max_minutes', 0) or 0), log_every)
+    model_flops = _ModelFlops(self.task, self.abstract_state.params, self.mesh)
     guard = _NonFiniteGuard(int(train.get('max_nonfinite', 10)), self.checkpointer.directory)
     profiler = ProfileWindow(profile_window(train.get('profile_steps', '')),
                              os.path.join(self.workdir, 'profile'), step)
@@ -244,7 +252,8 @@ class Trainer:
           batch = next(iterator)
           progress.add_tokens(
               tokens_in(batch) * jax.process_count(),
-              slots_in(batch) * jax.process_count())
+              slots_in(batch) * jax.process_count(),
+              model_flops.of(batch) * jax.process_count())
           profiler.before_step(step)
           state, metrics = self._train_step(state, self.to_global(batch))
           step += 1
@@ -257,7 +266,8 @@ class Trainer:
             jax.block_until_ready(pending[-2])
           stop = stop_signal.check(step) or progress.stop_reason(step)
           if step % log_every == 0 or stop:
-            final.update(self._log_train(step, _host_sums(pending), progress, guard))
+            final.update(
+                self._log_train(step, _host_sums(pending), progress, guard, model_flops.peak))
             pending = []
           if eval_every and step % eval_every == 0 and not stop:
             final.update(self._evaluate_and_log(state.params, step, eval_batches_fn))
@@ -296,9 +306,9 @@ class Trainer:
     logging.info('provenance of this run (start step %d) appended to %s', step, path)
 
   def _log_train(self, step: int, sums: dict[str, float], progress: '_Progress',
-                 guard: '_NonFiniteGuard') -> dict[str, float]:
+                 guard: '_NonFiniteGuard', peak_flops: float | None) -> dict[str, float]:
     """One progress line and the train/* scalars for the steps since the last one."""
-    steps, seconds, tokens, slots = progress.interval(step)
+    steps, seconds, tokens, slots, model_flops = progress.interval(step)
     weight = max(sums.get('weight', 0.0), 1.0)
     scalars = {
         'loss': sums.get('loss', 0.0) / weight,
@@ -311,12 +321,18 @@ class Trainer:
         'padding_fraction': 1.0 - tokens / slots if slots else 0.0,
         'skipped_nonfinite': guard.add(int(sums.get('skipped', 0))),
     }
+    utilisation = ''
+    if model_flops:
+      scalars['model_flops_per_s'] = model_flops / seconds
+      if peak_flops:
+        scalars['mfu'] = scalars['model_flops_per_s'] / peak_flops
+        utilisation = f" | MFU {100 * scalars['mfu']:.1f}%"
     self.metrics.scalars(step, scalars, 'train')
     logging.info(
         'step %d/%d | loss %.4f | acc %.3f | lr %.2e | gnorm %.2f | %.2f steps/s | %s '
-        'tok/s | pad %.1f%% | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
+        'tok/s | pad %.1f%%%s | elapsed %s | ETA %s', step, progress.num_steps, scalars['loss'],
         scalars['accuracy'], scalars['learning_rate'], scalars['grad_norm'], scalars['steps_per_s'],
-        f"{scalars['tokens_per_s']:,.0f}", 100 * scalars['padding_fraction'],
+        f"{scalars['tokens_per_s']:,.0f}", 100 * scalars['padding_fraction'], utilisation,
         format_duration(progress.elapsed()),
         format_duration(progress.remaining(step, scalars['steps_per_s'])))
     guard.check(step)
@@ -337,14 +353,16 @@ class _Progress:
     self.num_steps, self.max_minutes, self.log_every = num_steps, max_minutes, log_every
     self.start = self.last_time = time.time()
     self.last_step, self.tokens_since_log, self.total_tokens = step, 0, 0
-    self.slots_since_log = 0
+    self.slots_since_log, self.flops_since_log = 0, 0.0
     self.first_step_seconds = None
 
-  def add_tokens(self, tokens: int, slots: int = 0):
-    """`tokens` trained on, in batches of `slots` positions (padding included)."""
+  def add_tokens(self, tokens: int, slots: int = 0, model_flops: float = 0.0):
+    """`tokens` trained on, in batches of `slots` positions (padding included), costing
+    `model_flops`."""
     self.tokens_since_log += tokens
     self.total_tokens += tokens
     self.slots_since_log += slots
+    self.flops_since_log += model_flops
 
   def first_step_done(self, metrics):
     if self.first_step_seconds is None:
@@ -365,12 +383,14 @@ class _Progress:
       return _OUT_OF_TIME
     return _DONE if step >= self.num_steps else None
 
-  def interval(self, step: int) -> tuple[int, float, int, int]:
-    """(steps, seconds, tokens, slots) since the last call; starts the next interval."""
+  def interval(self, step: int) -> tuple[int, float, int, int, float]:
+    """(steps, seconds, tokens, slots, model FLOPs) since the last call; starts the next
+    interval."""
     now = time.time()
-    out = (step - self.last_step, max(now - self.last_time,
-                                      1e-9), self.tokens_since_log, self.slots_since_log)
+    out = (step - self.last_step, max(now - self.last_time, 1e-9), self.tokens_since_log,
+           self.slots_since_log, self.flops_since_log)
     self.last_step, self.last_time, self.tokens_since_log, self.slots_since_log = step, now, 0, 0
+    self.flops_since_log = 0.0
     return out
 
   def remaining(self, step: int, steps_per_s: float) -> float:
@@ -384,6 +404,32 @@ class _Progress:
     return dict(step=step, minutes=elapsed / 60.0, tokens=self.total_tokens,
                 tokens_per_s=self.total_tokens / max(elapsed, 1e-9),
                 first_step_seconds=self.first_step_seconds or 0.0)
+
+
+class _ModelFlops:
+  """The task's model FLOPs per batch (cached per batch shape) and the peak FLOP/s of the run's
+  devices (transformer_jax/flops.py): what the progress line's MFU divides."""
+
+  def __init__(self, task, abstract_params, mesh):
+    self.formula = getattr(task, 'model_flops', None)
+    self.params = nn.meta.unbox(abstract_params)
+    self.cache, self.peak = {}, None
+    if self.formula is None:
+      return
+    device = mesh.devices.flat[0]
+    per_device, source = flops.peak_flops_per_device(device, task.cfg.matmul_dtype or
+                                                     task.cfg.dtype)
+    if per_device:  # a CPU's figure is the whole host's, measured on each
+      self.peak = per_device * (jax.process_count() if device.platform == 'cpu' else mesh.size)
+    logging.info('MFU: model FLOPs (%s) against %s', flops.FORMULA, source)
+
+  def of(self, batch) -> float:
+    if self.formula is None:
+      return 0.0
+    shapes = tuple(sorted((key, np.shape(value)) for key, value in batch.items()))
+    if shapes not in self.cache:
+      self.cache[shapes] = float(self.formula(self.params, batch))
+    return self.cache[shapes]
 
 
 class _NonFiniteGuard:

@@ -32,7 +32,7 @@ from absl import logging
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import load_saved_config, save_config
 from transformer_jax.errors import ConfigError
-from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.model_config import model_config_from_dict, with_overrides
 
 VOCAB_FILE = 'vocab.txt'
 TOKENIZER_DIR = 'tokenizer'  # tokenizer.type='byte_bpe': HF tokenizer files
@@ -331,7 +331,7 @@ def init_model_config(config):
     from_hf = roberta_config_from_hf if hf_family(init.hf_dir) == 'roberta' else bert_config_from_hf
     with open(os.path.join(init.hf_dir, 'config.json'), encoding='utf-8') as f:
       cfg, types = from_hf(json.load(f))
-    return cfg.replace(**overrides), types
+    return with_overrides(cfg, overrides), types
   if init.bert_workdir:
     saved = load_saved_config(init.bert_workdir)
     if tokenizer_type(saved) == 'byte_bpe':
@@ -348,7 +348,7 @@ def init_model_config(config):
       with open(vocab_path, encoding='utf-8') as f:
         vocab_size = sum(1 for _ in f)
     cfg = pretrain_model_config(saved, vocab_size)
-    return cfg.replace(**overrides), segment_types(saved)
+    return with_overrides(cfg, overrides), segment_types(saved)
   raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR or '
                     '--config.init.bert_workdir=DIR')
 
@@ -366,11 +366,11 @@ def load_init(config):
     else:
       from transformer_jax.convert.hf_bert import load_hf_bert as load
     cfg, params, tokenizer, heads = load(init.hf_dir)
-    return cfg.replace(**overrides), params, tokenizer, heads['type_vocab_size']
+    return with_overrides(cfg, overrides), params, tokenizer, heads['type_vocab_size']
   if init.bert_workdir:
     cfg, params, tokenizer = restore_pretrained(init.bert_workdir)
     types = segment_types(load_saved_config(init.bert_workdir))
-    return cfg.replace(**overrides), params, tokenizer, types
+    return with_overrides(cfg, overrides), params, tokenizer, types
   raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR (a '
                     'Hugging Face BERT or RoBERTa directory) or --config.init.bert_workdir=DIR (a '
                     'pretraining workdir)')

@@ -39,8 +39,8 @@ _HF_TOKENIZER_FILES = ('config.json', 'special_tokens_map.json', 'tokenizer_conf
                        'spiece.model', 'tokenizer.json')
 # Model fields that change how a model trains or runs, not its parameters: the fine-tuning
 # config's own; every other field is the pretrained model's.
-RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype', 'param_dtype', 'remat_policy',
-                  'scan_layers', 'attention_implementation')
+RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype', 'param_dtype', 'matmul_dtype',
+                  'remat_policy', 'scan_layers', 'attention_implementation')
 # Fields a model config derives from others (head_dim from emb_dim, ...) or that the workflow
 # sets (max_len from data.max_len: relative positions have no table), and `decode`.
 _NOT_COMPARED = ('head_dim', 'num_kv_heads', 'source_vocab_size', 'max_len', 'decode')
@@ -94,7 +94,8 @@ def _model_section(cfg: TransformerConfig, runtime) -> dict:
       for f in dataclasses.fields(cfg)
       if f.name not in ('max_len', 'decode', 'source_vocab_size')
   }
-  values.update(dtype=np.dtype(cfg.dtype).name, param_dtype=np.dtype(cfg.param_dtype).name)
+  values.update(dtype=np.dtype(cfg.dtype).name, param_dtype=np.dtype(cfg.param_dtype).name,
+                matmul_dtype=np.dtype(cfg.matmul_dtype).name if cfg.matmul_dtype else 'none')
   values.update({k: runtime[k] for k in RUNTIME_FIELDS if k in runtime})
   return values
 
