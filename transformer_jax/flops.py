@@ -16,7 +16,6 @@ matmuls run in, compiled as the steps are (`benchmarks/train_step.py` divides by
 """
 
 import functools
-import time
 
 import numpy as np
 
@@ -96,14 +95,4 @@ def peak_flops_per_device(device, matmul_dtype) -> tuple[float | None, str]:
 def measured_cpu_matmul(matmul_dtype, n: int = CPU_MATMUL_N, repeats: int = 3) -> float:
   """FLOP/s of the fastest of `repeats` n^3 matmuls in `matmul_dtype`, compiled with the
   options the policy's steps use (a fraction of a second; once per process and dtype)."""
-  import jax
-  import jax.numpy as jnp
-  a = jnp.ones((n, n), matmul_dtype)
-  matmul = jax.jit(lambda a, b: a @ b, compiler_options=precision.compiler_options(matmul_dtype))
-  matmul(a, a).block_until_ready()
-  best = float('inf')
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2.0 * n**3 / best
+  return 2.0 * n**3 / precision.matmul_seconds(matmul_dtype, n, repeats=repeats)

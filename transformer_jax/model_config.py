@@ -166,8 +166,6 @@ def model_config_from_dict(values: dict, **overrides) -> TransformerConfig:
   """Builds a TransformerConfig from an ml_collections/dict section, naming unknown keys."""
   values = dict(values)
   values.update(overrides)
-  if 'matmul_dtype' not in values:
-    values['matmul_dtype'] = None
   return TransformerConfig(**_typed(values))
 
 

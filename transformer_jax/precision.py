@@ -174,15 +174,22 @@ def probe_speedup(cache_path: str | None = None) -> float:
 
 
 def _time_dot(dtype: str) -> float:
-  """Best of 5 seconds of one jitted PROBE_SIZE^3 matmul in `dtype`, compiled as the steps are
-  (`compiler_options`), with a transposed operand as the gradient's matmuls have."""
+  """The probe's product: PROBE_SIZE^3 with a transposed operand, as the gradient's matmuls
+  have."""
+  return matmul_seconds(dtype, PROBE_SIZE, transposed=True)
+
+
+def matmul_seconds(dtype, n: int, *, transposed: bool = False, repeats: int = 5) -> float:
+  """Best of `repeats` timings of one jitted n^3 matmul in `dtype` (a.T @ b when `transposed`),
+  compiled as the steps are (`compiler_options`)."""
   import jax
   import jax.numpy as jnp
-  a = jnp.ones((PROBE_SIZE, PROBE_SIZE), dtype)
-  dot = jax.jit(lambda a, b: a.T @ b, compiler_options=compiler_options(dtype))
+  a = jnp.ones((n, n), dtype)
+  product = (lambda a, b: a.T @ b) if transposed else (lambda a, b: a @ b)
+  dot = jax.jit(product, compiler_options=compiler_options(dtype))
   dot(a, a).block_until_ready()
   best = float('inf')
-  for _ in range(5):
+  for _ in range(repeats):
     start = time.perf_counter()
     dot(a, a).block_until_ready()
     best = min(best, time.perf_counter() - start)
