@@ -77,17 +77,11 @@ def case_name(model, target, mesh, batch) -> str:
   return f'{model}/{target}/{mesh_text}' + (f'/batch={batch}' if batch else '')
 
 
-def run_case(name: str):
-  """One case, in this process: prints its plan (or its error) as one JSON line."""
-  from transformer_jax.planning import runtime
-  runtime.prepare()
+def plan_and_print(config, target: str, name: str):
+  """Plans `config` for `target` in this process and prints the plan (or its one error) as one
+  JSON line tagged with the case `name`."""
   from transformer_jax.errors import UserError
   from transformer_jax.planning import compile as planning, targets
-  model, target, mesh, batch = next(c for c in CASES if case_name(*c) == name)
-  config = _config(model)
-  config.mesh.update({'data': 1, 'fsdp': 1, 'tensor': 1, **mesh})
-  if batch:
-    config.data.batch_size = batch
   start = time.time()
   try:
     result = planning.plan(config, targets.get(target))
@@ -98,29 +92,54 @@ def run_case(name: str):
   print(json.dumps(dict(result, case=name, seconds=round(time.time() - start, 1))), flush=True)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_in_fresh_processes(script: str, names: list[str]):
+  """Yields each case's plan (a dict; {'case', 'error'} when its process printed none), every
+  case planned by `script --case=NAME` in a process of its own."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
+  for name in names:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(script), f'--case={name}'], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
+    yield json.loads(lines[-1]) if lines else dict(case=name, error=proc.stderr[-500:])
+
+
+def run_case(name: str):
+  """One case, in this process: prints its plan (or its error) as one JSON line."""
+  from transformer_jax.planning import runtime
+  runtime.prepare()
+  model, target, mesh, batch = next(c for c in CASES if case_name(*c) == name)
+  config = _config(model)
+  config.mesh.update({'data': 1, 'fsdp': 1, 'tensor': 1, **mesh})
+  if batch:
+    config.data.batch_size = batch
+  plan_and_print(config, target, name)
+
+
+def selected_cases(description: str, names: list[str], run_one) -> list[str] | None:
+  """A plan benchmark's command line: `--case=NAME` plans that case here (`run_one`) and gives
+  None; otherwise the names `--cases` selects, all of them by default."""
+  parser = argparse.ArgumentParser(description=description)
   parser.add_argument('--cases', default='', help='comma-separated case names (default: all)')
   parser.add_argument('--case', default='', help=argparse.SUPPRESS)  # one case, in-process
   args = parser.parse_args()
   if args.case:
-    run_case(args.case)
+    run_one(args.case)
+    return None
+  return [n for n in names if n in args.cases.split(',')] if args.cases else names
+
+
+def main():
+  names = selected_cases(__doc__.splitlines()[0], [case_name(*c) for c in CASES], run_case)
+  if names is None:
     return
-  names = [case_name(*c) for c in CASES]
-  if args.cases:
-    names = [n for n in names if n in args.cases.split(',')]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
   header = (f'{"case":44s} {"params":>8s} {"param":>7s} {"opt":>7s} {"act":>7s} {"peak":>7s} '
             f'{"HBM":>4s} {"ms/step":>8s} {"bound":>7s} {"MFU":>5s} {"tok/s":>9s} {"compile":>7s}')
   print(header + '\n' + '-' * len(header), flush=True)
   rows = []
-  for name in names:
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), f'--case={name}'], cwd=REPO_ROOT, env=env,
-        capture_output=True, text=True, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
-    row = json.loads(lines[-1]) if lines else dict(case=name, error=proc.stderr[-500:])
+  for row in run_in_fresh_processes(__file__, names):
+    name = row['case']
     rows.append(row)
     if 'peak_bytes' not in row:
       print(f'{name:44s} error: {row["error"]}', flush=True)

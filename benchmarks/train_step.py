@@ -220,6 +220,7 @@ class JaxTraining(NamedTuple):
   rules: Any
   non_embedding_params: int
   loss_impl: str
+  trainer_model_flops: float | None  # the task's own count (transformer_jax/flops.py)
 
 
 def build_jax_training(spec: dict, seed: int) -> JaxTraining:
@@ -261,7 +262,12 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
                       for path, x in jax.tree_util.tree_leaves_with_path(state.params)
                       if not any(getattr(k, 'key', None) in embeddings for k in path))
   batches = [jax.device_put(batch, batch_sharding) for batch in _random_batches(spec, 4, seed)]
-  return JaxTraining(train_step, state, batches, mesh, rules, int(non_embedding), loss_impl)
+  # The FLOPs the training log's MFU counts (causal attention at half, the tied output projection
+  # in), so that its figure can be checked against this one.
+  counted = getattr(task, 'model_flops', None)
+  trainer_flops = float(counted(state.params, batches[0])) if counted else None
+  return JaxTraining(train_step, state, batches, mesh, rules, int(non_embedding), loss_impl,
+                     trainer_flops)
 
 
 def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
@@ -291,14 +297,17 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
-  from transformer_jax import flops  # nominal chip peaks, for MFU on accelerators
-  peaks = [v for k, v in flops.NOMINAL_PEAK_FLOPS.items() if k in device_kind]
+  from transformer_jax import chips  # nominal chip peaks, for MFU on accelerators
+  chip = chips.for_device_kind(device_kind)
   result.update(
       non_embedding_params=training.non_embedding_params, loss_impl=training.loss_impl, matmul_n=n,
       matmul_flops_per_s=2.0 * n**3 / seconds, device_kind=device_kind,
-      peak_bf16_flops_per_s=peaks[0] if peaks and jax.default_backend() != 'cpu' else None,
+      peak_bf16_flops_per_s=chip.peak_flops if chip and jax.default_backend() != 'cpu' else None,
       jax_version=jax.__version__, backend=jax.default_backend(),
       dispatch='asynchronous' if _ASYNC.value else 'synchronous')
+  if training.trainer_model_flops:  # the training log's MFU: its FLOPs over its peak
+    peak = result['peak_bf16_flops_per_s'] or result['matmul_flops_per_s']
+    result['trainer_mfu'] = training.trainer_model_flops / result['seconds_per_step'] / peak
   return result
 
 
@@ -537,6 +546,9 @@ def _print_summary(name: str, s: dict, labels: list[str]):
     if j.get('mfu'):
       print(f'  {name:5s} MFU {100 * j["mfu"]:.1f}% of the nominal '
             f'{j["peak_bf16_flops_per_s"] / 1e12:.0f} TFLOP/s bf16 peak')
+    if j.get('trainer_mfu'):
+      print(f'  {name:5s} MFU as the training log counts it (transformer_jax/flops.py): '
+            f'{100 * j["trainer_mfu"]:.1f}%')
   for key in s:
     if key.endswith('_tokens_per_s') and '_over_' in key:
       per_round = ', '.join(f'{r:.2f}' for r in s[key.replace('_tokens_per_s', '_per_round')])

@@ -1,20 +1,24 @@
-r"""Plan a run for a Cloud TPU slice before booking it: compile its train step here, on a CPU.
+r"""Plan a run for a Cloud TPU slice or NVIDIA GPUs before booking them: compile its train step
+here, on a CPU.
 
   python -m experiments.plan --config=experiments/configs/gpt2_small.py --target=tpu-v5e-16 \
       --config.mesh.data=4 --config.mesh.fsdp=4
-  python -m experiments.plan --targets        # the slices one can plan for
+  python -m experiments.plan --config=experiments/configs/gpt2_small.py --target=gpu-h100-8 \
+      --config.mesh.fsdp=8
+  python -m experiments.plan --targets        # the slices and GPU hosts one can plan for
 
-Compiles the experiment's real train step ahead of time for the target's topology with XLA's
-TPU compiler (libtpu: pip install -e ".[tpu]"), from shapes alone: no data is read, no
-tokenizer trained, nothing allocated. Prints per device the parameter, optimizer-state,
-activation and total (peak) bytes against the chip's HBM, the FLOPs per step, the collectives
-of the program, a predicted step time and MFU; the last line is one JSON object. A config that
-does not fit is one `error:` line (after the figures) naming what to change, and exit status 1.
+Compiles the experiment's real train step ahead of time for the target's topology, from shapes
+alone: no data is read, no tokenizer trained, nothing allocated. TPUs need XLA's TPU compiler
+(libtpu: pip install -e ".[tpu]"), GPUs jax's CUDA plugin (pip install -e ".[gpu-plan]"); no
+accelerator is needed for either. Prints per device the parameter, optimizer-state, activation
+and total (peak) bytes against the chip's memory, the FLOPs per step, the collectives of the
+program, a predicted step time and MFU; the last line is one JSON object. A config that does not
+fit is one `error:` line (after the figures) naming what to change, and exit status 1.
 """
 
 from transformer_jax.planning import runtime
 
-runtime.prepare()  # before jax is imported: jax stays on the CPU, libtpu is found and quiet
+runtime.prepare()  # before jax is imported: jax stays on the CPU, the compilers are found and quiet
 
 import json
 
@@ -27,7 +31,9 @@ from transformer_jax.planning import targets
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
-_TARGET = flags.DEFINE_string('target', None, 'The TPU slice, e.g. tpu-v5e-16 (see --targets).')
+_TARGET = flags.DEFINE_string(
+    'target', None, 'The TPU slice or GPU host, e.g. tpu-v5e-16 or gpu-h100-8 (see '
+    '--targets).')
 _TARGETS = flags.DEFINE_bool('targets', False, 'List the targets and exit.')
 
 

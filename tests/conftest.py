@@ -118,6 +118,33 @@ def tpu_runtime() -> str:
   pytest.skip(message)
 
 
+@pytest.fixture(scope='session')
+def gpu_runtime() -> str:
+  """The folder holding jax's CUDA plugin, to put in a planner subprocess's
+  TRANSFORMER_JAX_CUDA_PLUGIN_DIR ('' when it is installed).
+
+  Skipped on a jax that cannot compile for a GPU without one (< 0.11: Python 3.11's 0.10.2),
+  whatever CI says; without the plugin skipped with the line that installs it, and failed with
+  CI=true. Compile for a GPU in a subprocess: the plugin is found when jax starts.
+  """
+  from transformer_jax.errors import ConfigError
+  from transformer_jax.planning import runtime
+  try:
+    hint = runtime.gpu_install_hint()
+  except ConfigError as error:
+    pytest.skip(str(error))
+  directory = os.environ.get(runtime.CUDA_PLUGIN_DIR_VARIABLE, '')
+  found = runtime.cuda_plugin_installed() or bool(
+      directory and os.path.isdir(os.path.join(directory, *runtime.CUDA_PLUGIN.split('.'))))
+  if found:
+    return directory
+  message = (f'needs XLA:GPU (jax\'s CUDA plugin): {hint}; {runtime.CUDA_PLUGIN_DIR_VARIABLE} is '
+             f'{directory or "unset"}')
+  if os.environ.get('CI') == 'true':
+    pytest.fail(message, pytrace=False)
+  pytest.skip(message)
+
+
 QUICKSTART = os.path.join('experiments', 'configs', 'translate_quickstart.py')
 # JAX_* variables naming the test run's compilation cache, for CLI subprocesses.
 _CACHE_ENV: dict[str, str] = {}

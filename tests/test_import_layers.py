@@ -19,6 +19,7 @@ LEVELS = {
     'files': 0,
     'special_tokens': 0,
     'xla_options': 0,
+    'chips': 0,  # accelerator chips' public figures: the planner's targets and the MFU peak
     'precision': 0.5,  # between errors and model_config, which resolves model.matmul_dtype
     'model_config': 1,
     'flops': 1,  # model FLOPs and the MFU peak: used by tasks, the trainer and the planner

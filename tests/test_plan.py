@@ -1,12 +1,13 @@
-"""`python -m experiments.plan`: an experiment's real train step compiled for a TPU slice from
-this CPU host, with its bytes per device, FLOPs, collectives and predicted step time.
+"""`python -m experiments.plan`: an experiment's real train step compiled for a TPU slice or a
+GPU host from this CPU host, with its bytes per device, FLOPs, collectives and predicted step time.
 
-The compile tests need XLA's TPU compiler (libtpu, the `tpu_runtime` fixture) and run the planner
-in subprocesses: libtpu's settings must be made before jax starts. Each compile of these tiny
-models (2 layers, 64 wide) takes a few seconds.
+The compile tests need XLA's TPU compiler (libtpu, the `tpu_runtime` fixture) or jax's CUDA
+plugin (`gpu_runtime`) and run the planner in subprocesses: the compilers are found when jax
+starts. Each compile of these tiny models (2 layers, 64 wide) takes a few seconds.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,28 +38,34 @@ TINY = {
     }),
 }
 MESHES = {'data': {'data': 4}, 'fsdp': {'fsdp': 4}, 'tensor': {'tensor': 4}}
+GPU_MESHES = {'data': {'data': 8}, 'fsdp': {'fsdp': 8}, 'tensor': {'data': 2, 'tensor': 4}}
 
 FIELDS = ('target', 'chip', 'device_kind', 'chips', 'topology', 'family', 'mesh', 'parameters',
           'batch', 'parameter_bytes', 'optimizer_state_bytes', 'batch_bytes', 'activation_bytes',
           'peak_bytes', 'hbm_bytes', 'hbm_fraction', 'fits', 'flops_per_device',
           'bytes_accessed_per_device', 'model_flops_per_device', 'collectives', 'compute_time_s',
           'memory_time_s', 'step_time_s', 'bound', 'mfu', 'tokens_per_step', 'tokens_per_s',
-          'formula', 'lower_s', 'compile_s')
+          'formula', 'lower_s', 'compile_s', 'platform', 'usable_bytes', 'memory_fraction',
+          'flops_source', 'bytes_accessed_source', 'attention_compiled', 'attention_note')
 
 
-def planner_env(tpu_runtime: str = '') -> dict[str, str]:
+def planner_env(tpu_runtime: str = '', gpu_runtime: str = '', **variables) -> dict[str, str]:
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
   if tpu_runtime:
     env['TRANSFORMER_JAX_LIBTPU_DIR'] = tpu_runtime
+  if gpu_runtime:
+    env['TRANSFORMER_JAX_CUDA_PLUGIN_DIR'] = gpu_runtime
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  env.update(variables)
   return env
 
 
-def run_plan(*args: str, tpu_runtime: str = '') -> subprocess.CompletedProcess:
+def run_plan(*args: str, tpu_runtime: str = '', gpu_runtime: str = '',
+             **variables) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, '-m', 'experiments.plan', *args], cwd=REPO_ROOT,
-                        env=planner_env(tpu_runtime), capture_output=True, text=True, timeout=600,
-                        check=False)
+                        env=planner_env(tpu_runtime, gpu_runtime, **variables), capture_output=True,
+                        text=True, timeout=600, check=False)
 
 
 def flags(family: str, **overrides) -> list[str]:
@@ -101,22 +108,32 @@ for case in json.loads(sys.argv[1]):
 '''
 
 
-@pytest.fixture(scope='module')
-def tiny_plans(tpu_runtime) -> dict[tuple[str, str], dict]:
-  """{(family, mesh name): plan} for the tiny GPT, BERT and translation steps on tpu-v5e-4."""
+def plan_every_family(target: str, meshes: dict, env: dict) -> dict[tuple[str, str], dict]:
+  """{(family, mesh name): plan} for the tiny GPT, BERT and translation steps on `target`."""
   cases = []
   for family, (path, overrides) in TINY.items():
-    for mesh_name, mesh in MESHES.items():
+    for mesh_name, mesh in meshes.items():
       values = dict(overrides, **{f'mesh.{axis}': 1 for axis in ('data', 'fsdp', 'tensor')})
       values.update({f'mesh.{axis}': size for axis, size in mesh.items()})
-      cases.append(
-          dict(name=f'{family}/{mesh_name}', config=path, overrides=values, target='tpu-v5e-4'))
+      cases.append(dict(name=f'{family}/{mesh_name}', config=path, overrides=values, target=target))
   result = subprocess.run(
-      [sys.executable, '-c', _DRIVER, json.dumps(cases)], cwd=REPO_ROOT,
-      env=planner_env(tpu_runtime), capture_output=True, text=True, timeout=900, check=False)
+      [sys.executable, '-c', _DRIVER, json.dumps(cases)], cwd=REPO_ROOT, env=env,
+      capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-4000:]
   plans = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{')]
   return {tuple(p['case'].split('/')): p for p in plans}
+
+
+@pytest.fixture(scope='module')
+def tiny_plans(tpu_runtime) -> dict[tuple[str, str], dict]:
+  """The tiny steps on tpu-v5e-4 under data, fsdp and tensor meshes of 4."""
+  return plan_every_family('tpu-v5e-4', MESHES, planner_env(tpu_runtime))
+
+
+@pytest.fixture(scope='module')
+def tiny_gpu_plans(gpu_runtime) -> dict[tuple[str, str], dict]:
+  """The tiny steps on gpu-h100-8 under data, fsdp and data x tensor meshes of 8."""
+  return plan_every_family('gpu-h100-8', GPU_MESHES, planner_env(gpu_runtime=gpu_runtime))
 
 
 # -- without compiling ----------------------------------------------------------------------------
@@ -131,7 +148,62 @@ def test_every_target_has_its_chip_figures():
   for target in targets.TARGETS.values():
     chip = target.chip
     assert target.chips >= 1 and chip.peak_flops > 1e14 and chip.hbm_bytes >= 16 * targets.GIB
-    assert chip.hbm_bandwidth > 5e11 and target.topology.startswith(f'{chip.name}:')
+    assert chip.hbm_bandwidth > 5e11
+    if target.platform == 'gpu':  # slices x hosts x GPUs per host
+      assert target.name.startswith(f'gpu-{chip.name}-') and chip.gpu is not None
+      assert math.prod(int(n) for n in target.topology.split('x')) == target.chips
+      assert f'device_memory_size: {chip.hbm_bytes}' in chip.target_config()
+    else:
+      assert target.platform == 'tpu' and target.topology.startswith(f'{chip.name}:')
+  assert {'gpu-h100-8', 'gpu-h200-1', 'gpu-h200-8', 'gpu-a100-80g-8'} <= set(targets.TARGETS)
+
+
+def test_a_gpu_step_fits_in_jax_memory_pool(monkeypatch):
+  """XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 by default, of a GPU's memory; a TPU's HBM whole."""
+  h100, v5e = targets.get('gpu-h100-8'), targets.get('tpu-v5e-4')
+  monkeypatch.delenv('XLA_PYTHON_CLIENT_MEM_FRACTION', raising=False)
+  assert planning.memory_fraction(h100) == 0.75 and planning.memory_fraction(v5e) == 1.0
+  monkeypatch.setenv('XLA_PYTHON_CLIENT_MEM_FRACTION', '.9')
+  assert planning.memory_fraction(h100) == 0.9
+  for bad in ('most', '1.5'):
+    monkeypatch.setenv('XLA_PYTHON_CLIENT_MEM_FRACTION', bad)
+    with pytest.raises(ConfigError, match='XLA_PYTHON_CLIENT_MEM_FRACTION'):
+      planning.memory_fraction(h100)
+
+
+def test_the_compilers_are_named_with_the_line_that_installs_them(monkeypatch, tmp_path):
+  import importlib.metadata
+  from transformer_jax.planning import runtime
+  assert runtime.libtpu_fallback('libtpu==0.0.53.*') == 'libtpu<0.0.54'
+  version = importlib.metadata.version('jax')
+  if runtime._jax_version()[:2] < runtime.MIN_GPU_JAX:
+    with pytest.raises(ConfigError, match='planning for a GPU needs jax >= 0.11'):
+      runtime.cuda_plugin_requirements()
+    return
+  assert runtime.cuda_plugin_requirements() == [
+      f'jax-cuda13-plugin=={version}', f'jax-cuda13-pjrt=={version}'
+  ]
+  monkeypatch.setenv(runtime.CUDA_PLUGIN_DIR_VARIABLE, str(tmp_path))
+  with pytest.raises(ConfigError, match=f'holds no CUDA plugin.*--target {tmp_path}'):
+    runtime.require('gpu')
+  monkeypatch.delenv(runtime.CUDA_PLUGIN_DIR_VARIABLE)
+  monkeypatch.setattr(runtime, 'cuda_plugin_installed', lambda: False)
+  with pytest.raises(ConfigError, match=r'needs XLA:GPU.*pip install -e "\.\[gpu-plan\]"'):
+    runtime.require('gpu')
+
+
+def test_cudnn_attention_is_refused_in_float32():
+  """cuDNN's fused attention takes bf16 or fp16 only: a float32 model asking for it is one error
+  line before anything is traced (jax's own error is a ValueError deep in the trace)."""
+  import ml_collections
+  from transformer_jax.cli import validation
+  config = ml_collections.ConfigDict(
+      {'model': {'attention_implementation': 'cudnn', 'dtype': 'float32'}})
+  assert 'needs model.dtype bfloat16 or float16' in validation.attention_kernel_unavailable(
+      config, 'gpu')
+  config.model.dtype = 'bfloat16'
+  assert validation.attention_kernel_unavailable(config, 'gpu') is None
+  assert 'runs on GPU only' in validation.attention_kernel_unavailable(config, 'tpu')
 
 
 def test_prediction_is_the_roofline_of_one_device():
@@ -143,19 +215,42 @@ def test_prediction_is_the_roofline_of_one_device():
   assert memory_bound['step_time_s'] == pytest.approx(2.0) and memory_bound['bound'] == 'memory'
 
 
-def test_model_flops_count_the_parameters_in_matmuls():
-  """Embedding lookups are no matmuls; a token table tied to the output is one."""
-  import flax.linen as nn
-  import jax
-  from transformer_jax.models.gpt import gpt2_config, llama_config
-  from transformer_jax.tasks.lm import LanguageModelTask
-  sizes = dict(vocab_size=100, emb_dim=32, num_heads=2, mlp_dim=64, num_decoder_layers=1,
-               max_len=16)
-  for cfg, lookup_only in ((gpt2_config(**sizes), 16 * 32), (llama_config(**sizes), 100 * 32)):
-    boxed = jax.eval_shape(LanguageModelTask(cfg).init_variables, jax.random.key(0))
-    params = nn.meta.unbox(boxed['params'])
-    total = sum(x.size for x in jax.tree.leaves(params))
-    assert planning.matmul_parameters(params, cfg.tie_output) == total - lookup_only
+def test_without_a_cost_analysis_flops_and_bytes_come_from_the_program():
+  """XLA:GPU answers no cost analysis without a device: the lowered program's FLOPs (else the
+  model's) and the bytes its kernels move, each said to be so."""
+  hlo = '\n'.join([
+      'HloModule m', '', '%fused (p.0: f32[4,256]) -> f32[256] {',
+      '  %p.0 = f32[4,256]{1,0} parameter(0)', '  %i = s32[] constant(0)',
+      '  %ds = f32[1,256]{1,0} dynamic-slice(%p.0, %i, %i), dynamic_slice_sizes={1,256}',
+      '  ROOT %r = f32[256]{0} bitcast(%ds)', '}', '',
+      'ENTRY %main (a: f32[4,256], b: f32[256]) -> f32[256] {',
+      '  %a = f32[4,256]{1,0} parameter(0)', '  %b = f32[256]{0} parameter(1)',
+      '  %f = f32[256]{0} fusion(%a), kind=kLoop, calls=%fused',
+      '  ROOT %add = f32[256]{0} add(%f, %b)', '}'
+  ])
+
+  class Memory:
+    argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes = 100, 60, 50
+    temp_size_in_bytes, generated_code_size_in_bytes = 1000, 0
+
+  class Compiled:
+    memory_analysis = lambda self: Memory()
+    cost_analysis = lambda self: None
+    as_text = lambda self: hlo
+
+  class State:
+    params, opt_state, step = {}, {}, None
+
+  h100 = targets.get('gpu-h100-8')
+  result = planning.analyse(Compiled(), State(), {}, h100, 4.5e12, lambda: {'flops': 5e12})
+  assert result['flops_per_device'] == 5e12 and 'before optimisation' in result['flops_source']
+  # the fusion reads one row of `a` (it only slices it) and writes 256 floats; the add reads two
+  # vectors and writes one
+  assert result['bytes_accessed_per_device'] == 4 * (256 + 256) + 4 * 3 * 256
+  assert 'kernel' in result['bytes_accessed_source']
+  assert result['peak_bytes'] == 100 + 60 - 50 + 1000
+  result = planning.analyse(Compiled(), State(), {}, h100, 4.5e12)
+  assert result['flops_per_device'] == 4.5e12 and 'model formula' in result['flops_source']
 
 
 def test_collectives_are_read_from_tpu_hlo_text():
@@ -323,3 +418,60 @@ def test_bytes_per_device_fall_with_fsdp(tiny_plans, family):
   assert fsdp['parameter_bytes'] < 0.3 * data['parameter_bytes']
   assert fsdp['optimizer_state_bytes'] < 0.3 * data['optimizer_state_bytes']
   assert fsdp['peak_bytes'] < data['peak_bytes']
+
+
+# -- NVIDIA GPUs, compiled without one -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gpu_plan_prints_the_figures_and_one_json_line(gpu_runtime):
+  """A bfloat16 GPT asking for cuDNN attention: planned with XLA's, and the plan says why."""
+  result = run_plan(*flags('lm', model__attention_implementation='cudnn',
+                           model__dtype='bfloat16'), '--config.mesh.data=2',
+                    '--config.mesh.tensor=4', '--target=gpu-h100-8', gpu_runtime=gpu_runtime)
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = json.loads(result.stdout.strip().splitlines()[-1])
+  assert set(FIELDS) <= set(plan), set(FIELDS) - set(plan)
+  assert plan['platform'] == 'gpu' and plan['device_kind'] == 'NVIDIA H100 80GB HBM3'
+  assert plan['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 4} and plan['chips'] == 8
+  assert plan['usable_bytes'] == int(0.75 * plan['hbm_bytes']) and plan['fits']
+  assert 0 < plan['parameter_bytes'] < plan['peak_bytes'] < plan['usable_bytes']
+  # no cost analysis from XLA:GPU without a device: XLA's count of the lowered program (the
+  # masked half of causal attention, the loss and the optimizer beyond the model's count), and
+  # the kernels' traffic, each said so
+  assert plan['model_flops_per_device'] <= plan['flops_per_device']
+  assert plan['flops_per_device'] < 1.5 * plan['model_flops_per_device']
+  assert 'before optimisation' in plan['flops_source'] and 0 < plan['mfu'] <= 1
+  assert 'kernel' in plan['bytes_accessed_source'] and plan['bytes_accessed_per_device'] > 0
+  assert plan['attention_implementation'] == 'cudnn' and plan['attention_compiled'] == 'xla'
+  assert 'cuDNN attention cannot be compiled without a GPU' in plan['attention_note']
+  assert plan['collectives'].get('all-reduce', {}).get('count', 0) >= 1
+  for label in ('jax\'s pool', 'before optimisation', 'note        cuDNN', 'predicted', 'MFU'):
+    assert label in result.stdout
+  assert not error_lines(result)
+
+
+@pytest.mark.slow
+def test_a_gpu_step_too_big_for_jax_memory_pool_is_refused(gpu_runtime):
+  """The pool is XLA_PYTHON_CLIENT_MEM_FRACTION of the GPU: 5% of an H100 is 4 GiB."""
+  result = run_plan(*flags('lm', data__batch_size=4096,
+                           data__block_size=1024), '--config.mesh.data=8', '--target=gpu-h100-8',
+                    gpu_runtime=gpu_runtime, XLA_PYTHON_CLIENT_MEM_FRACTION='0.05')
+  assert_one_error(result, 'gpu-h100-8', "jax's memory pool (5% of", 'model.remat_policy',
+                   'data.batch_size (now 4096)', 'XLA_PYTHON_CLIENT_MEM_FRACTION=0.95')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', list(TINY))
+def test_every_family_compiles_for_a_gpu_under_each_mesh(tiny_gpu_plans, family):
+  for mesh_name, mesh in GPU_MESHES.items():
+    plan = tiny_gpu_plans[(family, mesh_name)]
+    assert plan['family'] == family and plan['device_kind'] == 'NVIDIA H100 80GB HBM3'
+    assert {k: v for k, v in plan['mesh'].items() if v > 1} == mesh
+    assert plan['fits'] and plan['peak_bytes'] > 0 and plan['flops_per_device'] > 0
+    assert set(FIELDS) <= set(plan)
+  assert tiny_gpu_plans[(family, 'data')]['collectives']['all-reduce']['count'] >= 1
+  fsdp = tiny_gpu_plans[(family, 'fsdp')]['collectives']
+  assert fsdp['all-gather']['count'] >= 1 and fsdp.get('reduce-scatter', {}).get('count', 0) >= 1
+  data = tiny_gpu_plans[(family, 'data')]
+  assert tiny_gpu_plans[(family, 'fsdp')]['parameter_bytes'] < 0.2 * data['parameter_bytes']

@@ -5,6 +5,7 @@ The subpackages are layers of one stack; each imports only from the ones below i
 
   errors, files, special_tokens, model_config   the base every layer shares
   precision    the CPU precision policy: bf16 matmuls where the CPU has bf16 units
+  chips        TPU and NVIDIA GPU chips' public figures (peak, memory, bandwidth)
   flops        model FLOPs of a training step and the peaks MFU divides by
   kernels/     attention kernels (reference, chunked, XLA/cuDNN, Pallas) and masks
   parallel/    the device mesh, logical-axis rules, multi-host start-up
@@ -17,8 +18,8 @@ The subpackages are layers of one stack; each imports only from the ones below i
   tasks/       what a model family trains on and evaluates (the trainer's Task)
   cli/         what every entry point does: flags, one-line errors, the workdir, validation
   workflows/   one experiment per family: data -> task -> trainer -> evaluation
-  planning/    compile a workflow's train step ahead of time for a TPU slice: memory, FLOPs,
-               collectives, predicted step time (experiments/plan.py)
+  planning/    compile a workflow's train step ahead of time for a TPU slice or GPU host:
+               memory, FLOPs, collectives, predicted step time (experiments/plan.py)
 
 Importing the package itself stays cheap: import what you need from its modules.
 """

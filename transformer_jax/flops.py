@@ -11,7 +11,7 @@ The tasks apply these to their models (`Task.model_flops(params, batch)`), and t
 progress line divides them by the step time and the peak.
 
 MFU = model FLOP/s / peak FLOP/s. The peak is the chip's nominal dense bf16 rate on TPU and GPU
-(NOMINAL_PEAK_FLOPS) and, on CPU, a 2048^3 matmul timed once per run in the dtype the model's
+(`chips.py`) and, on CPU, a 2048^3 matmul timed once per run in the dtype the model's
 matmuls run in, compiled as the steps are (`benchmarks/train_step.py` divides by the same).
 """
 
@@ -19,14 +19,8 @@ import functools
 
 import numpy as np
 
-from transformer_jax import precision
+from transformer_jax import chips, precision
 
-# Nominal dense bf16 FLOP/s per chip; the first key contained in `device_kind` wins (SXM figures
-# for H100/H200).
-NOMINAL_PEAK_FLOPS = {
-    'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L4': 121e12, 'TPU v4': 275e12,
-    'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6': 918e12
-}
 CPU_MATMUL_N = 2048
 FORMULA = ('6 x matmul parameters x tokens + 12 x layers x queries x keys x attention width, '
            'causal halved')
@@ -85,10 +79,10 @@ def peak_flops_per_device(device, matmul_dtype) -> tuple[float | None, str]:
     name = np.dtype(matmul_dtype).name
     return flops, f'a {CPU_MATMUL_N}^3 {name} matmul measured now: {flops / 1e9:,.0f} GFLOP/s'
   kind = getattr(device, 'device_kind', '')
-  for key, flops in NOMINAL_PEAK_FLOPS.items():
-    if key in kind:
-      return flops, f'{kind} nominal dense bf16: {flops / 1e12:,.0f} TFLOP/s'
-  return None, f'no nominal peak known for {kind!r}'
+  chip = chips.for_device_kind(kind)
+  if chip is None:
+    return None, f'no nominal peak known for {kind!r}'
+  return chip.peak_flops, f'{kind} nominal dense bf16: {chip.peak_flops / 1e12:,.0f} TFLOP/s'
 
 
 @functools.lru_cache(maxsize=None)

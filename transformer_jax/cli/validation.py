@@ -88,7 +88,11 @@ def attention_kernel_unavailable(config, platform: str | None = None) -> str | N
   if platform is None:
     import jax
     platform = jax.default_backend()
-  if platform == needs:
-    return None
-  return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
-          f'and this run is on {platform.upper()}')
+  if platform != needs:
+    return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
+            f'and this run is on {platform.upper()}')
+  dtype = str(config.get('model', {}).get('dtype', 'float32'))
+  if implementation == 'cudnn' and dtype not in ('bfloat16', 'float16'):
+    return (f"model.attention_implementation='cudnn' needs model.dtype bfloat16 or float16 "
+            f"(cuDNN's fused attention has no {dtype})")
+  return None

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transformer_jax.kernels.scaled_dot_product import target_platform
 from transformer_jax.layers.embedding import whole_rows
 
 
@@ -69,11 +70,17 @@ _TABLE_BYTES = 16 << 20  # the largest [V, D] table worth slicing for (`_slicing
 
 
 def _slicing_pays(vocab: int, dim: int) -> bool:
-  """Whether to slice: only while the [V, D] table (read twice per slice, and its gradient
-  accumulated per slice) stays cache-sized too. Measured on CPU, loss forward + backward: 8 MB
-  table (Multi30k) sliced 141 ms vs whole 145 ms; 45 MB (BERT) 147 vs 137 ms; 147 MB (GPT-2,
-  4 x 1024 tokens) 3.4 s vs 2.4 s. Accelerators hold whole logits easily; big tables take the
-  plain path there too."""
+  """Whether to slice, on the platform the step is compiled for (`target_platform`).
+
+  CPU: only while the [V, D] table (read twice per slice, and its gradient accumulated per
+  slice) stays cache-sized too. Measured on CPU, loss forward + backward: 8 MB table (Multi30k)
+  sliced 141 ms vs whole 145 ms; 45 MB (BERT) 147 vs 137 ms; 147 MB (GPT-2, 4 x 1024 tokens)
+  3.4 s vs 2.4 s. GPU and TPU: never. They hold whole logits easily and stream them at HBM
+  speed, while every slice reads the table and adds to its gradient again: GPT-2 small's step
+  compiled for 8 H100s moves 412 GB per GPU sliced against 79 GB whole (docs/scaling.md,
+  "Defaults per platform")."""
+  if target_platform() != 'cpu':
+    return False
   return 4 * vocab * dim <= _TABLE_BYTES
 
 

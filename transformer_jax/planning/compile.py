@@ -1,15 +1,16 @@
-"""An experiment's real train step, compiled ahead of time for a TPU slice; what it needs.
+"""An experiment's real train step, compiled ahead of time for a TPU slice or GPU host.
 
     plan(config, target) -> {bytes per device, FLOPs, collectives, predicted step time, MFU}
 
 1. The workflow of the config (`workflows/{lm,translation,bert}.py`) builds the task and the
    shapes of one global batch from the config alone (`abstract_task`): no data, no tokenizer.
 2. The mesh of `config.mesh` is made over the compile-only devices of the target's topology
-   (libtpu describes them; `runtime.py`), and the trainer's own step builder
+   (libtpu, or jax's CUDA plugin given the chip's `target_config`, describes them; `runtime.py`),
+   and the trainer's own step builder
    (`training.train_step.build_train_step`: state shardings from the logical axis names, the
    jitted step with donated state) gives the step and its abstract state.
 3. The step is lowered inside the mesh and its rules, as `Trainer.fit` runs it, and compiled by
-   XLA:TPU. Nothing is allocated and nothing runs.
+   XLA:TPU or XLA:GPU. Nothing is allocated and nothing runs.
 4. What the compiled program says: XLA's memory analysis (the peak bytes of a device),
    its cost analysis (FLOPs and bytes accessed per device) and its optimised HLO text (the
    collectives, `collectives.py`).
@@ -17,27 +18,36 @@
 The predicted step time is a roofline per device, the slower of compute and memory traffic:
 
     time = max(flops / peak_flops, bytes_accessed / hbm_bandwidth)
-    MFU  = model_flops / (time * peak_flops),  model_flops = 6 * N * tokens / chips
+    MFU  = model_flops / (time * peak_flops)
 
 with flops and bytes_accessed XLA's counts for one device's program, the chip's nominal figures
-(`targets.py`), and N the parameters in matmuls (`matmul_parameters`: embedding lookups left out,
-a tied output projection counted; Kaplan et al. 2020's 6N per token, without attention's T^2
-term). It leaves out the time of the collectives (listed, not timed) and of the host, so it is
-an upper bound on speed: a real step is slower.
+(`chips.py`), and model_flops the task's own count divided by the chips (`Task.model_flops`,
+`flops.py`: 6 per matmul parameter per token, attention's two products, causal attention at
+half: the training log's MFU uses the same). XLA:GPU gives no cost analysis for a device it
+cannot see: there flops are XLA's count for the program before optimisation (`program_cost`)
+and bytes_accessed the operands and results of the optimised program's kernels (`traffic.py`),
+and the plan says so. The prediction leaves out
+the time of the collectives (listed, not timed) and of the host, so it is an upper bound on
+speed: a real step is slower.
+
+On a GPU, jax's memory pool is a fraction of the device's memory (XLA_PYTHON_CLIENT_MEM_FRACTION,
+0.75 unless set), and a step fits when its peak fits in the pool.
 """
 
+import copy
 import math
+import os
 import re
 import time
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.planning import collectives, runtime
+from transformer_jax.planning import collectives, runtime, traffic
 from transformer_jax.planning.targets import GIB, Target
 
 FORMULA = ('time = max(flops / peak_flops, bytes_accessed / hbm_bandwidth) per device; '
-           'MFU = model_flops / (time * peak_flops), model_flops = 6 * N * tokens / chips '
-           '(N: parameters in matmuls)')
+           'MFU = model_flops / (time * peak_flops)')
 REMAT_HINT = 'nothing_saveable'
+GPU_MEMORY_FRACTION = 0.75  # jax's GPU memory pool unless XLA_PYTHON_CLIENT_MEM_FRACTION is set
 
 
 class DoesNotFitError(ConfigError):
@@ -82,16 +92,35 @@ def check_config(config, target: Target, global_batch: int):
 
 
 def topology_devices(target: Target) -> list:
-  """The target's compile-only devices, described by libtpu (about 0.05 s)."""
-  runtime.require()
+  """The target's compile-only devices, described by libtpu or jax's CUDA plugin (a fraction
+  of a second)."""
+  runtime.require(target.platform)
   from jax.experimental import topologies
-  devices = list(
-      topologies.get_topology_desc(topology_name=target.topology, platform='tpu',
-                                   **dict(target.topology_kwargs)).devices)
+  if target.platform == 'gpu':
+    description = topologies.get_topology_desc(platform='cuda', topology=target.topology,
+                                               target_config=target.chip.target_config())
+  else:
+    description = topologies.get_topology_desc(topology_name=target.topology, platform='tpu',
+                                               **dict(target.topology_kwargs))
+  devices = list(description.devices)
   if len(devices) != target.chips:
-    raise ConfigError(f'libtpu describes {target.topology} as {len(devices)} devices, not the '
-                      f'{target.chips} chips of {target.name}')
+    raise ConfigError(f'the compiler describes {target.topology} as {len(devices)} devices, not '
+                      f'the {target.chips} chips of {target.name}')
   return devices
+
+
+def memory_fraction(target: Target) -> float:
+  """The fraction of a chip's memory a run may use: jax's GPU memory pool, all of a TPU's HBM."""
+  if target.platform != 'gpu':
+    return 1.0
+  value = os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', '')
+  try:
+    fraction = float(value) if value else GPU_MEMORY_FRACTION
+  except ValueError:
+    raise ConfigError(f'XLA_PYTHON_CLIENT_MEM_FRACTION={value!r} is not a number') from None
+  if not 0.0 < fraction <= 1.0:
+    raise ConfigError(f'XLA_PYTHON_CLIENT_MEM_FRACTION={value} must be in (0, 1]')
+  return fraction
 
 
 def shard_bytes(tree) -> int:
@@ -101,21 +130,6 @@ def shard_bytes(tree) -> int:
   for leaf in jax.tree.leaves(tree):
     shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
     total += math.prod(shape) * leaf.dtype.itemsize
-  return total
-
-
-def matmul_parameters(params, tied_output: bool) -> int:
-  """Parameters that multiply every token (6 FLOPs each per token, forward and backward):
-  all but the tables only looked up (token, position and segment embeddings; a token table
-  tied to the output is a matmul there, and counts)."""
-  import jax
-  total = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    names = [str(getattr(key, 'key', key)) for key in path]
-    lookup = names[-1] == 'embedding' or names[-1].endswith('_embedding')
-    if lookup and not (tied_output and 'token_embed' in names):
-      continue
-    total += math.prod(leaf.shape)
   return total
 
 
@@ -147,16 +161,19 @@ def plan(config, target: Target) -> dict:
   """Compiles `config`'s train step for `target`; the figures of `format_plan` as a dict.
 
   ConfigError for a config the run would refuse (and for a mesh that does not match the
-  target's chips); DoesNotFitError when the program does not fit in HBM (after the figures are
-  known: `error.plan` holds them), or when the TPU compiler refuses it as too big.
+  target's chips); DoesNotFitError when the program does not fit in the chip's memory (after the
+  figures are known: `error.plan` holds them), or when the TPU compiler refuses it as too big.
   """
   import jax
+  from flax import linen as nn
+  from transformer_jax import flops
   from transformer_jax.parallel import sharding
   from transformer_jax.training.optimizer import make_optimizer
   from transformer_jax.training.train_step import build_train_step
   workflow = workflow_for(config)
   mesh_axes = dict(zip(sharding.MESH_AXES, mesh_shape(config, target)))  # before the task:
   # translation sizes its batch by the mesh
+  usable = int(target.chip.hbm_bytes * memory_fraction(target))
   task, batch_shapes = workflow.abstract_task(config, num_devices=target.chips)
   global_batch = next(iter(batch_shapes.values())).shape[0]
   check_config(config, target, global_batch)
@@ -166,16 +183,80 @@ def plan(config, target: Target) -> dict:
   accumulation = int(config.train.get('accumulation_steps', 1))
   sharded = build_train_step(task, tx, mesh, seed=int(config.seed), accumulation_steps=accumulation)
   state_bytes = shard_bytes(sharded.abstract_state)
-  if state_bytes > target.chip.hbm_bytes:  # no need to compile to know
+  if state_bytes > usable:  # no need to compile to know
     raise DoesNotFitError(f'{target.name}: the parameters and optimizer state alone need '
                           f'{_gib(state_bytes)} per device but a {target.chip.name} chip has '
-                          f'{_gib(target.chip.hbm_bytes)} of HBM; to fit: shard them over more '
+                          f'{_gib(usable)} {_memory_name(target)}; to fit: shard them over more '
                           f'chips (mesh.fsdp, now {mesh_axes["fsdp"]}; or mesh.tensor, now '
                           f'{mesh_axes["tensor"]}) or choose a larger slice or chip')
   batch = {
       k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharded.batch_sharding)
       for k, v in batch_shapes.items()
   }
+  attention = config.model.get('attention_implementation', 'auto')
+  attention_note = ''
+  try:
+    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, config, mesh_axes,
+                                                     target)
+  except Exception as error:  # cuDNN's fused attention needs a GPU to compile (runtime.py)
+    if target.platform != 'gpu' or 'cuDNN' not in str(error) or attention not in ('auto', 'cudnn'):
+      raise
+    reason = ' '.join(str(error).split()).split(';')[0][:160]
+    attention_note = (f'cuDNN attention cannot be compiled without a GPU ({reason}): planned '
+                      "with XLA's attention ('xla'), whose memory and FLOPs it approximates")
+    config = copy.deepcopy(config)
+    config.model.attention_implementation = 'xla'
+    task, _ = workflow.abstract_task(config, num_devices=target.chips)
+    sharded = build_train_step(task, tx, mesh, seed=int(config.seed),
+                               accumulation_steps=accumulation)
+    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, config, mesh_axes,
+                                                     target)
+  tokens = math.prod(batch_shapes['inputs'].shape)
+  params = sharded.abstract_state.params
+  parameters = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  model_flops = task.model_flops(nn.meta.unbox(params), batch_shapes) / target.chips
+  result = analyse(compiled, sharded.abstract_state, batch, target, model_flops,
+                   lambda: program_cost(lowered, target.chips))
+  result.update(
+      predict(result['flops_per_device'], result['bytes_accessed_per_device'], model_flops, target))
+  model = config.model
+  result.update(target=target.name, platform=target.platform, chip=target.chip.name,
+                device_kind=target.chip.device_kind, chips=target.chips, topology=target.topology)
+  result.update(family=workflow.__name__.rsplit('.', 1)[1], mesh=dict(mesh.shape),
+                parameters=int(parameters), tokens_per_step=int(tokens))
+  step_s = result['step_time_s']
+  result.update(tokens_per_s=tokens / step_s if step_s else 0.0,
+                batch={k: list(v.shape) for k, v in batch_shapes.items()})
+  result.update(attention_implementation=attention, attention_note=attention_note,
+                attention_compiled=model.get('attention_implementation', 'auto'))
+  result.update(remat_policy=model.get('remat_policy', 'none'), dtype=str(model.get('dtype')),
+                lower_s=round(lower_s, 2), compile_s=round(compile_s, 2), formula=FORMULA,
+                model_flops_formula=flops.FORMULA)
+  if not result['fits']:
+    advice = _fit_advice(config, mesh_axes, result['activation_bytes'] > state_bytes, target)
+    error = DoesNotFitError(f'{target.name}: the train step needs {_gib(result["peak_bytes"])} '
+                            f'per device but a {target.chip.name} chip has {_gib(usable)} '
+                            f'{_memory_name(target)} (parameters {_gib(result["parameter_bytes"])}'
+                            f', optimizer state {_gib(result["optimizer_state_bytes"])}, '
+                            f'activations and temporaries {_gib(result["activation_bytes"])}); '
+                            f'{advice}')
+    error.plan = result
+    raise error
+  return result
+
+
+def _memory_name(target: Target) -> str:
+  """How the usable memory of a chip is named in an error line."""
+  if target.platform == 'gpu':
+    return (f'in jax\'s memory pool ({100 * memory_fraction(target):.0f}% of '
+            f'{_gib(target.chip.hbm_bytes)}, XLA_PYTHON_CLIENT_MEM_FRACTION)')
+  return 'of HBM'
+
+
+def _compile(sharded, batch, mesh, config, mesh_axes, target):
+  """(lowered step, compiled step, lower seconds, compile seconds); a TPU compiler's
+  out-of-memory refusal as DoesNotFitError."""
+  from transformer_jax.parallel import sharding
   start = time.time()
   with sharding.use_mesh(mesh):  # as Trainer.fit runs it: the logical-axis rules are active
     lowered = sharded.step.lower(sharded.abstract_state, batch)
@@ -188,43 +269,34 @@ def plan(config, target: Target) -> dict:
     if message is None:
       raise
     raise DoesNotFitError(f'{target.name}: {message}; '
-                          f'{_fit_advice(config, mesh_axes, activations_first=True)}') from None
-  compile_s = time.time() - start
-  result = analyse(compiled, sharded.abstract_state, batch, target)
-  tokens = math.prod(batch_shapes['inputs'].shape)
-  parameters = sum(math.prod(x.shape) for x in jax.tree.leaves(sharded.abstract_state.params))
-  in_matmuls = matmul_parameters(sharded.abstract_state.params, bool(task.cfg.tie_output))
-  result.update(
-      predict(result['flops_per_device'], result['bytes_accessed_per_device'],
-              6.0 * in_matmuls * tokens / target.chips, target))
-  model = config.model
-  result.update({
-      'target': target.name, 'chip': target.chip.name, 'device_kind': target.chip.device_kind,
-      'chips': target.chips, 'topology': target.topology,
-      'family': workflow.__name__.rsplit('.', 1)
-                [1], 'mesh': dict(mesh.shape
-                                 ), 'parameters': int(parameters), 'tokens_per_step': int(tokens),
-      'tokens_per_s': tokens / result['step_time_s'] if result['step_time_s'] else 0.0,
-      'batch': {k: list(v.shape) for k, v in batch_shapes.items()
-               }, 'attention_implementation': model.get('attention_implementation', 'auto'),
-      'remat_policy': model.get('remat_policy', 'none'), 'dtype': str(model.get('dtype')),
-      'lower_s': round(lower_s, 2), 'compile_s': round(compile_s, 2), 'formula': FORMULA
-  })
-  if not result['fits']:
-    advice = _fit_advice(config, mesh_axes, result['activation_bytes'] > state_bytes)
-    error = DoesNotFitError(f'{target.name}: the train step needs {_gib(result["peak_bytes"])} '
-                            f'per device but a {target.chip.name} chip has '
-                            f'{_gib(target.chip.hbm_bytes)} of HBM (parameters '
-                            f'{_gib(result["parameter_bytes"])}, optimizer state '
-                            f'{_gib(result["optimizer_state_bytes"])}, activations and temporaries '
-                            f'{_gib(result["activation_bytes"])}); {advice}')
-    error.plan = result
-    raise error
-  return result
+                          f'{_fit_advice(config, mesh_axes, True, target)}') from None
+  return lowered, compiled, lower_s, time.time() - start
 
 
-def analyse(compiled, abstract_state, batch, target: Target) -> dict:
-  """Bytes per device (state, batch, the rest at XLA's peak), FLOPs, collectives."""
+def program_cost(lowered, chips: int) -> dict:
+  """XLA's cost analysis of the lowered program (the whole step before partitioning and the
+  target's optimisations), run by this host's CPU client, per chip: {'flops', 'bytes
+  accessed'}. For a target whose compiler gives none. The FLOPs are what the program computes
+  (masked attention blocks, recomputation and the optimizer included): 4% under XLA:TPU's count
+  per device for the tiny GPT of the tests. (Its bytes are counted before fusion: many times the
+  real traffic, so `traffic.py` counts those.) XLA counts a loop body once, whatever its trip
+  count, so a program with loops (scanned layers, the sliced loss) raises LookupError: the
+  model's count is then nearer."""
+  import jax
+  from jax._src.lib import xla_client
+  module = lowered.compiler_ir('hlo').get_hlo_module()
+  if re.search(r'\bwhile\(', module.to_string()):
+    raise LookupError('the program has loops, whose bodies XLA counts once')
+  cost = xla_client._xla.hlo_module_cost_analysis(jax.devices('cpu')[0].client, module)
+  return {key: float(cost[key]) / chips for key in ('flops', 'bytes accessed')}
+
+
+def analyse(compiled, abstract_state, batch, target: Target, model_flops: float,
+            program=None) -> dict:
+  """Bytes per device (state, batch, the rest at XLA's peak), FLOPs, collectives. Where the
+  compiled program has no cost analysis (XLA:GPU without a device): the FLOPs of `program()` (the
+  lowered program's, `program_cost`; else the model's) and the bytes its kernels read and write
+  (`traffic.py`); `flops_source` and `bytes_accessed_source` say which."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
@@ -233,31 +305,47 @@ def analyse(compiled, abstract_state, batch, target: Target) -> dict:
   optimizer_bytes = shard_bytes((abstract_state.opt_state, abstract_state.step))
   batch_bytes = shard_bytes(batch)
   peak = int(getattr(memory, 'peak_memory_in_bytes', 0) or 0)
-  if not peak:  # (older runtimes report no peak): everything live at once
+  if not peak:  # (older runtimes and XLA:GPU report no peak): everything live at once
     peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
             memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-  hbm = target.chip.hbm_bytes
+  hbm, usable = target.chip.hbm_bytes, int(target.chip.hbm_bytes * memory_fraction(target))
   xla_memory = {
       'argument': memory.argument_size_in_bytes, 'output': memory.output_size_in_bytes,
       'alias': memory.alias_size_in_bytes, 'temp': memory.temp_size_in_bytes,
       'generated_code': memory.generated_code_size_in_bytes
   }
   activations = max(peak - parameter_bytes - optimizer_bytes - batch_bytes, 0)
-  flops, bytes_accessed = float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))
-  return {
-      'parameter_bytes': parameter_bytes, 'optimizer_state_bytes': optimizer_bytes,
-      'batch_bytes': batch_bytes, 'activation_bytes': activations, 'peak_bytes': peak,
-      'hbm_bytes': hbm, 'hbm_fraction': peak / hbm, 'fits': peak <= hbm, 'xla_memory': xla_memory,
-      'flops_per_device': flops, 'bytes_accessed_per_device': bytes_accessed,
-      'collectives': collectives.summary(text),
-      'mosaic_kernels': text.count('custom_call_target="tpu_custom_call"')
-  }
+  flops_source = bytes_source = 'XLA cost analysis'
+  if 'flops' in cost:
+    flops_count, bytes_accessed = float(cost['flops']), float(cost['bytes accessed'])
+  else:  # XLA:GPU without a device
+    try:
+      if program is None:
+        raise LookupError('no lowered program')
+      flops_count = program()['flops']
+      flops_source = 'XLA cost analysis of the program before optimisation, / chips'
+    except Exception as error:  # loops, or a private jaxlib function another jax lacks
+      why = str(error) if type(error) is LookupError else 'XLA gives no cost analysis here'
+      flops_count, flops_source = model_flops, f'model formula ({why})'
+    bytes_accessed = traffic.bytes_accessed(text)
+    bytes_source = 'operands and results of each kernel of the optimised program (traffic.py)'
+  fits = peak <= usable
+  result = dict(parameter_bytes=parameter_bytes, optimizer_state_bytes=optimizer_bytes,
+                batch_bytes=batch_bytes, activation_bytes=activations, peak_bytes=peak)
+  result.update(hbm_bytes=hbm, usable_bytes=usable, memory_fraction=usable / hbm,
+                hbm_fraction=peak / hbm, fits=fits, xla_memory=xla_memory)
+  result.update(flops_per_device=flops_count, flops_source=flops_source,
+                bytes_accessed_per_device=bytes_accessed, bytes_accessed_source=bytes_source)
+  result.update(collectives=collectives.summary(text),
+                mosaic_kernels=text.count('custom_call_target="tpu_custom_call"'),
+                cudnn_calls=len(re.findall(r'custom_call_target="__cudnn', text)))
+  return result
 
 
-def predict(flops: float, bytes_accessed: float, model_flops: float, target: Target) -> dict:
+def predict(flops_count: float, bytes_accessed: float, model_flops: float, target: Target) -> dict:
   """The roofline step time of one device and the MFU it implies (module docstring)."""
   chip = target.chip
-  compute_s, memory_s = flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth
+  compute_s, memory_s = flops_count / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth
   step_s = max(compute_s, memory_s)
   return dict(compute_time_s=compute_s, memory_time_s=memory_s, step_time_s=step_s,
               bound='compute' if compute_s >= memory_s else 'memory',
@@ -269,8 +357,10 @@ def _gib(n: float) -> str:
   return f'{n / GIB:.2f} GiB'
 
 
-def _fit_advice(config, mesh_axes: dict, activations_first: bool = False) -> str:
-  """What to change: the state's sharding first, or the activations' when they dominate."""
+def _fit_advice(config, mesh_axes: dict, activations_first: bool = False,
+                target: Target | None = None) -> str:
+  """What to change: the state's sharding first, or the activations' when they dominate; on a
+  GPU, a larger memory pool too."""
   batch_option = _batch_option(config)
   state = (f'shard the parameters and optimizer state over more chips (mesh.fsdp, now '
            f'{mesh_axes["fsdp"]}; or mesh.tensor)')
@@ -281,6 +371,9 @@ def _fit_advice(config, mesh_axes: dict, activations_first: bool = False) -> str
   options = [state, remat, batch]
   if activations_first:
     options = [remat, batch, state]
+  if target is not None and target.platform == 'gpu' and memory_fraction(target) < 0.95:
+    options.append('let jax use more of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.95, now '
+                   f'{memory_fraction(target):.2f})')
   return 'to fit: ' + ', '.join(options[:-1]) + ' or ' + options[-1]
 
 
@@ -289,25 +382,43 @@ def format_plan(result: dict) -> str:
   gib = lambda key: f'{result[key] / GIB:10.3f} GiB'
   moved = ', '.join(f'{kind} x{c["count"]} {c["bytes"] / 2**20:.2f} MiB'
                     for kind, c in result['collectives'].items()) or 'none'
+  gpu = result.get('platform') == 'gpu'
+  memory = f'{result["hbm_bytes"] / GIB:.1f} GiB {"memory" if gpu else "HBM"}'
+  if gpu:
+    kernels = f'{result["cudnn_calls"]} cuDNN calls'
+    room = (f'{100 * result["peak_bytes"] / result["usable_bytes"]:.1f}% of jax\'s pool, '
+            f'{result["usable_bytes"] / GIB:.1f} GiB ({100 * result["memory_fraction"]:.0f}% of '
+            f'{memory})')
+  else:
+    kernels = f'{result["mosaic_kernels"]} Pallas kernel calls'
+    room = f'{100 * result["hbm_fraction"]:.1f}% of {memory}'
+  attention = repr(result['attention_implementation'])
+  if result['attention_compiled'] != result['attention_implementation']:
+    attention += f' compiled as {result["attention_compiled"]!r}'
   lines = [
       f'target      {result["target"]}: {result["chips"]} x {result["device_kind"]} '
-      f'({result["hbm_bytes"] / GIB:.0f} GiB HBM per chip), topology {result["topology"]}',
+      f'({memory} per chip), topology {result["topology"]}',
       f'step        {result["family"]}, mesh {result["mesh"]}, batch '
       f'{ {k: tuple(v) for k, v in result["batch"].items()} }',
       f'            {result["parameters"]:,} parameters, {result["dtype"]}, attention '
-      f'{result["attention_implementation"]!r} ({result["mosaic_kernels"]} Pallas kernel calls), '
-      f'remat {result["remat_policy"]!r}; lowered in '
+      f'{attention} ({kernels}), remat {result["remat_policy"]!r}; lowered in '
       f'{result["lower_s"]:.1f} s, compiled in {result["compile_s"]:.1f} s',
+  ]
+  if result['attention_note']:
+    lines.append(f'note        {result["attention_note"]}')
+  lines += [
       'per device:',
       f'  parameters                  {gib("parameter_bytes")}',
       f'  optimizer state             {gib("optimizer_state_bytes")}',
       f'  batch                       {gib("batch_bytes")}',
       f'  activations and temporaries {gib("activation_bytes")}',
-      f'  total (XLA peak)            {gib("peak_bytes")}  = {100 * result["hbm_fraction"]:.1f}% '
-      f'of {result["hbm_bytes"] / GIB:.0f} GiB HBM: {"fits" if result["fits"] else "DOES NOT FIT"}',
-      f'  FLOPs per step              {result["flops_per_device"]:.4g} (XLA), model '
-      f'{result["model_flops_per_device"]:.4g} (6 x matmul parameters x tokens / chips)',
-      f'  bytes accessed per step     {result["bytes_accessed_per_device"]:.4g}',
+      f'  total (XLA peak)            {gib("peak_bytes")}  = {room}: '
+      f'{"fits" if result["fits"] else "DOES NOT FIT"}',
+      f'  FLOPs per step              {result["flops_per_device"]:.4g} '
+      f'({result["flops_source"]}), model {result["model_flops_per_device"]:.4g} '
+      f'({result["model_flops_formula"]}, / chips)',
+      f'  bytes accessed per step     {result["bytes_accessed_per_device"]:.4g} '
+      f'({result["bytes_accessed_source"]})',
       f'  collectives                 {moved}',
       f'predicted   {1e3 * result["step_time_s"]:.3f} ms per step ({result["bound"]}-bound: '
       f'compute {1e3 * result["compute_time_s"]:.3f} ms, memory '
