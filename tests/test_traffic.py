@@ -36,8 +36,10 @@ def xla_bytes(compiled) -> float:
 
 
 def test_a_step_without_loops_moves_what_xla_counts():
+  """Equal to 0.001% on jax 0.12.1; 0.7% over on jax 0.10.2, whose XLA:CPU counts a few
+  instructions otherwise."""
   compiled = compiled_cpu_step(scan_layers=False)
-  assert traffic.bytes_accessed(compiled.as_text()) == pytest.approx(xla_bytes(compiled), rel=1e-3)
+  assert traffic.bytes_accessed(compiled.as_text()) == pytest.approx(xla_bytes(compiled), rel=0.01)
 
 
 def test_a_scanned_step_counts_each_iteration():
@@ -47,7 +49,7 @@ def test_a_scanned_step_counts_each_iteration():
   text = compiled.as_text()
   assert '"known_trip_count":{"n":"2"}' in text
   once = re.sub(r'"known_trip_count":\{"n":"\d+"', '"known_trip_count":{"n":"1"', text)
-  assert traffic.bytes_accessed(once) == pytest.approx(xla_bytes(compiled), rel=1e-3)
+  assert traffic.bytes_accessed(once) == pytest.approx(xla_bytes(compiled), rel=0.01)
   assert traffic.bytes_accessed(text) > 1.3 * xla_bytes(compiled)
 
 

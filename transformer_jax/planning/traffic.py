@@ -14,7 +14,8 @@ cost analysis:
   - a buffer updated in place (dynamic-update-slice, alone or as a fusion's root) is neither read
     nor rewritten: only the update moves.
 XLA's cost analysis counts a loop body once, whatever its trip count; this count does not. It
-equals XLA:CPU's own count for a train step without loops (tests/test_plan.py).
+equals XLA:CPU's own count for a train step without loops on jax 0.12.1, and is within 0.7% of
+it on jax 0.10.2 (tests/test_traffic.py).
 """
 
 import re
