@@ -3,6 +3,8 @@
 `launch/local_multiprocess.sh 2 python -m experiments.lm ...` runs the real experiment as two
 processes, each with one CPU device and its own half of every batch; together they write one
 orbax checkpoint, and restore it to continue. The logged losses must match a single process.
+A run checkpointed by two processes resumes in one and back in two (elastic resume) on the same
+global batches as an uninterrupted run.
 """
 
 import json
@@ -13,8 +15,11 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks import resume
+from transformer_jax import xla_options
 from transformer_jax.parallel import distributed
 from transformer_jax.errors import ConfigError
+from transformer_jax.training import batch_record
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_LM = {
@@ -33,21 +38,40 @@ TINY_LM = {
     'train.eval_every': 0,
     'train.checkpoint_every': 0,
 }
+# The quickstart shrunk as in benchmarks/resume.py, packed. Packed rows are rounded to the first
+# layout's data-parallel ways, which elastic resume must keep: 480 tokens make 15 rows of 32, 14
+# on 2 devices, so a resume on 1 device that rounded again would differ.
+TINY_TRANSLATE = dict(resume.TRANSLATE_FLAGS, **resume.elastic_flags('translate'))
+# Elastic chains: a digest of every global batch, a checkpoint where the layout changes, a loss
+# per step.
+ELASTIC = {'train.record_batches': True, 'train.checkpoint_every': 2, 'train.log_every': 1}
 
 
-def lm_command(workdir, num_steps: int, data: str) -> list[str]:
-  flags = dict(TINY_LM, **{'train.num_steps': num_steps})
-  return [
-      sys.executable, '-m', 'experiments.lm', '--config=experiments/configs/shakespeare_char.py',
-      f'--config.data.path={data}', f'--workdir={workdir}'
-  ] + [f'--config.{k}={v}' for k, v in flags.items()]
+def cli_command(module: str, config: str, workdir, flags: dict) -> list[str]:
+  return [sys.executable, '-m', module, f'--config={config}', f'--workdir={workdir}'
+         ] + [f'--config.{k}={v}' for k, v in flags.items()]
 
 
-def run(command: list[str], translate_cli) -> subprocess.CompletedProcess:
+def lm_command(workdir, num_steps: int, data: str, extra: dict | None = None) -> list[str]:
+  flags = dict(TINY_LM, **{'data.path': data, 'train.num_steps': num_steps}, **(extra or {}))
+  return cli_command('experiments.lm', 'experiments/configs/shakespeare_char.py', workdir, flags)
+
+
+def translate_command(workdir, num_steps: int, extra: dict | None = None) -> list[str]:
+  flags = dict(TINY_TRANSLATE, **{'train.num_steps': num_steps}, **(extra or {}))
+  return cli_command('experiments.translate', 'experiments/configs/translate_quickstart.py',
+                     workdir, flags)
+
+
+def run(command: list[str], translate_cli,
+        devices: int | None = None) -> subprocess.CompletedProcess:
+  """Runs `command` to success; `devices`: CPU devices per process (default: the env's)."""
   env = translate_cli.env()
   for name in list(env):  # the test run's compilation cache is not shared across a job
     if name.startswith('JAX_COMPILATION_CACHE') or name.startswith('JAX_PERSISTENT_CACHE'):
       del env[name]
+  if devices is not None:
+    env = xla_options.host_devices_env(devices, env)
   proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                         timeout=600, check=False)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
@@ -82,6 +106,59 @@ def test_two_processes_train_checkpoint_and_resume_like_one(translate_cli, corpu
   np.testing.assert_allclose([multi[s] for s in range(1, 5)], [single[s] for s in range(1, 5)],
                              rtol=1e-5)
   assert single[4] < single[1]  # it does train
+
+
+def provenance_layouts(workdir) -> list[tuple]:
+  """(start step, layout, resumed_from) of each start; a layout as (devices, processes, batch
+  multiple), or None."""
+
+  def brief(layout):
+    return None if layout is None else (layout['devices'], layout['processes'],
+                                        layout['batch_multiple'])
+
+  with open(os.path.join(workdir, 'provenance.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return [(r['start_step'], brief(r['layout']), brief(r['resumed_from'])) for r in records]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize('family', ['lm', 'translate'])
+def test_two_processes_resume_in_one_and_back_on_the_same_batches(family, translate_cli, request,
+                                                                  tmp_path):
+  # Only the GPT needs a corpus (the translation quickstart generates its data).
+  data = request.getfixturevalue('tiny_shakespeare') if family == 'lm' else None
+
+  def command(workdir, num_steps: int) -> list[str]:
+    if family == 'lm':
+      return lm_command(workdir, num_steps, data, ELASTIC)
+    return translate_command(workdir, num_steps, ELASTIC)
+
+  launcher = os.path.join(REPO_ROOT, 'launch', 'local_multiprocess.sh')
+  chain, reference = tmp_path / 'chain', tmp_path / 'reference'
+  # One workdir: steps 1-2 in 2 processes, 3-4 in 1 process, 5-6 in 2 processes again; each
+  # process has one CPU device.
+  run(['bash', launcher, '2'] + command(chain, 2), translate_cli, devices=1)
+  run(command(chain, 4), translate_cli, devices=1)
+  run(['bash', launcher, '2'] + command(chain, 6), translate_cli, devices=1)
+  # Uninterrupted, on as many data-parallel devices as the chain's first run (which fixes how
+  # translation batches are rounded).
+  run(command(reference, 6), translate_cli, devices=2)
+
+  # Each start resumed the previous one's last checkpoint and kept its batch multiple.
+  assert provenance_layouts(chain) == [(0, (2, 2, 2), None), (2, (1, 1, 2), (2, 2, 2)),
+                                       (4, (2, 2, 2), (1, 1, 2))]
+  assert provenance_layouts(reference) == [(0, (2, 1, 2), None)]
+  chain_batches, reference_batches = batch_record.read(chain), batch_record.read(reference)
+  assert sorted(chain_batches) == list(range(1, 7))
+  assert len(set(chain_batches.values())) == 6  # six different batches, not one repeated
+  assert chain_batches == reference_batches
+  resumed, single = train_losses(chain), train_losses(reference)
+  assert sorted(resumed) == sorted(single) == list(range(1, 7))
+  got, want = [resumed[s] for s in range(1, 7)], [single[s] for s in range(1, 7)]
+  print(f'{family}: largest relative loss difference '
+        f'{np.max(np.abs(np.subtract(got, want)) / np.abs(want)):.3g}')
+  np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def test_single_process_needs_no_distributed_setup(monkeypatch):

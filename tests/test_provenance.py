@@ -23,7 +23,7 @@ from transformer_jax.training.trainer import Trainer
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = {
     'time_utc', 'hostname', 'start_step', 'command_line', 'git', 'python', 'versions', 'devices',
-    'mesh', 'config', 'matmul_dtype'
+    'mesh', 'config', 'matmul_dtype', 'layout', 'resumed_from'
 }
 GIT_FIELDS = {'commit', 'dirty', 'diff', 'diff_truncated', 'error'}
 
@@ -99,6 +99,12 @@ def test_fresh_and_resumed_runs_each_append_a_complete_record(tmp_path):
   assert record['mesh'] == dict(trainer.mesh.shape) and list(record['mesh']) == list(
       trainer.mesh.axis_names)
   assert record['command_line'] == sys.argv
+  # The layout of this start and of the checkpoint it resumes (the same devices here).
+  assert first['resumed_from'] is None
+  assert record['resumed_from'] == record['layout'] == {
+      'devices': jax.device_count(), 'processes': 1, 'mesh': record['mesh'],
+      'accumulation_steps': 1, 'batch_multiple': record['mesh']['data'] * record['mesh']['fsdp']
+  }
   assert record['hostname'] == socket.gethostname()
   started = datetime.datetime.fromisoformat(record['time_utc'])
   assert started.utcoffset() == datetime.timedelta(0)

@@ -390,10 +390,10 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
     checkpointer.close()
 
 
-def test_max_to_keep_deletes_the_oldest_checkpoints(tmp_path):
-  """With max_to_keep=2, saving steps 1..4 leaves only steps 3 and 4 on disk."""
+def test_keep_deletes_the_oldest_checkpoints(tmp_path):
+  """With keep=2, saving steps 1..4 leaves only steps 3 and 4 on disk."""
   directory = tmp_path / 'ckpt'
-  checkpointer = checkpointing.Checkpointer(str(directory), max_to_keep=2, save_every=1)
+  checkpointer = checkpointing.Checkpointer(str(directory), keep=2, save_every=1)
   try:
     for step in range(1, 5):
       assert checkpointer.maybe_save(step, make_state(step), {'epoch': 0, 'position': step})
@@ -402,6 +402,16 @@ def test_max_to_keep_deletes_the_oldest_checkpoints(tmp_path):
   finally:
     checkpointer.close()
   assert sorted(p for p in os.listdir(directory) if p.isdigit()) == ['3', '4']
+
+
+def test_retention_uses_orbax_preservation_policy_where_it_exists(monkeypatch):
+  """orbax >= 0.12 deprecates max_to_keep for preservation_policy; older orbax has only the
+  former."""
+  import orbax.checkpoint as ocp
+  policy = checkpointing._retention(3)['preservation_policy']
+  assert isinstance(policy, ocp.checkpoint_managers.LatestN) and policy.n == 3
+  monkeypatch.delattr(ocp.checkpoint_managers, 'LatestN')
+  assert checkpointing._retention(3) == {'max_to_keep': 3}
 
 
 def test_average_params_is_the_mean_of_the_checkpoints(tmp_path):

@@ -2,7 +2,7 @@
 
   seed, mesh.{data,fsdp,tensor}, train.{num_steps, log_every, eval_every, checkpoint_every,
   keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches, accumulation_steps,
-  profile_steps},
+  elastic_accumulation, record_batches, profile_steps},
   distributed.{mode, coordinator_address, num_processes, process_id}, optimizer.*, model.*, data.*
 """
 
@@ -25,6 +25,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.max_nonfinite = 10  # consecutive skipped non-finite steps before giving up
   config.train.eval_max_batches = 0  # 0 = the whole validation set
   config.train.accumulation_steps = 1  # >1: one update from k micro-batches (1/k the activations)
+  # Resumed on fewer (or more) data-parallel devices, keep each device's batch and change the
+  # accumulation steps so the global batch stays the same (else the devices' shares change).
+  config.train.elastic_accumulation = False
+  # Append the SHA-256 of every global batch to WORKDIR/batches.jsonl: a proof of the data order
+  # (e.g. across a resume on another mesh); costs a host gather per step with several processes.
+  config.train.record_batches = False
   # 'START:END' writes a jax.profiler trace of the steps with indices START..END-1 (the progress
   # line's steps START+1..END) to WORKDIR/profile, for TensorBoard's profile plugin or Perfetto;
   # '' = no profiling.

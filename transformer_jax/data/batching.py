@@ -234,6 +234,11 @@ class BucketedBatcher:
     return sum(-(-len(m) // rows) for m, rows in zip(self._members, self._rows))
 
   @property
+  def global_rows(self) -> list[int]:
+    """Rows of the global batches, one count per bucket that has examples."""
+    return [rows for members, rows in zip(self._members, self._rows) if len(members)]
+
+  @property
   def num_tokens(self) -> int:
     """Ids of every example, both streams: what an epoch's batches hold besides padding."""
     return int(self._src.offsets[-1] + (self._tgt.offsets[-1] if self._tgt is not None else 0))

@@ -288,6 +288,11 @@ class PackedBatcher:
         self._epoch, self._position = self._epoch + 1, 0
       yield self._make_batch(plan, batch)
 
+  @property
+  def global_rows(self) -> list[int]:
+    """Rows of the global batches (every one has the same shape)."""
+    return [self.rows]
+
   def get_state(self) -> dict[str, int]:
     """The position to save with a checkpoint: the epoch and batches taken from it."""
     return {'epoch': self._epoch, 'position': self._position}

@@ -308,6 +308,10 @@ class SpanCorruptionBatcher:
   def num_batches_per_epoch(self) -> int:
     return self._batcher.num_batches_per_epoch
 
+  @property
+  def global_rows(self) -> list[int]:
+    return self._batcher.global_rows
+
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     """Endless; shares the position with the batcher, like BucketedBatcher's iterator."""
     while True:

@@ -1,11 +1,15 @@
-"""Checkpoints through orbax: train state (sharded arrays) plus the data pipeline's position.
+"""Checkpoints through orbax: train state (sharded arrays), the data pipeline's position and the
+run's layout (devices, processes, mesh, accumulation steps, the rows global batches are rounded to).
 
 Orbax writes each step to a temporary directory and renames it when complete, so a crash
-mid-write never leaves a checkpoint that looks finished; `max_to_keep` only deletes old steps
-after a newer one is committed. On restore, a checkpoint that fails to load (truncated or
-corrupted files) is reported in one line and the previous one is tried. A checkpoint whose
-shapes do not match the config is not corruption: it is a ConfigError naming the parameter
-(falling back would silently start again from scratch next to the old checkpoints).
+mid-write never leaves a checkpoint that looks finished; old steps beyond the `keep` latest are
+only deleted after a newer one is committed. Arrays are restored straight into the shardings of
+the abstract state given, whatever mesh or process count saved them: each process reads only
+the shards it holds (elastic resume: elastic.py, docs/reliability.md). On restore, a checkpoint
+that fails to load (truncated or corrupted files) is reported in one line and the previous one is
+tried. A checkpoint whose shapes do not match the config is not corruption: it is a ConfigError
+naming the parameter (falling back would silently start again from scratch next to the old
+checkpoints).
 """
 
 import contextlib
@@ -21,20 +25,37 @@ from transformer_jax.errors import ConfigError, DataError
 _STORAGE_ERRORS = ('No space left on device', 'RESOURCE_EXHAUSTED', 'Disk quota exceeded',
                    'Read-only file system', 'Permission denied', 'PERMISSION_DENIED')
 
+# The run's layout is its own item, so checkpoints written before it existed still restore.
+RUN_ITEM = 'run'
+
 
 def _item_handlers() -> dict:
-  """The items of every step: the train state and the data pipeline's position (json). Named
-  up front so that a fresh manager can read a step's metadata (shapes)."""
-  return {'state': ocp.StandardCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
+  """The items of every step: the train state, the data pipeline's position and the run's
+  layout (json). Named up front so that a fresh manager can read a step's metadata (shapes)."""
+  return {
+      'state': ocp.StandardCheckpointHandler(), 'data': ocp.JsonCheckpointHandler(),
+      RUN_ITEM: ocp.JsonCheckpointHandler()
+  }
+
+
+def _retention(keep: int) -> dict:
+  """CheckpointManagerOptions arguments keeping the `keep` latest steps: orbax's
+  `preservation_policy` where the installed orbax has it (`max_to_keep` is deprecated since
+  0.12), else the older `max_to_keep`."""
+  managers = getattr(ocp, 'checkpoint_managers', None)
+  if managers is not None and hasattr(managers, 'LatestN'):
+    return {'preservation_policy': managers.LatestN(n=keep)}
+  return {'max_to_keep': keep}
 
 
 class Checkpointer:
-  """Saves {'state': pytree, 'data': json dict} every `save_every` steps, keeping `max_to_keep`."""
+  """Saves {'state': pytree, 'data': json, 'run': json} every `save_every` steps, keeping the
+  `keep` latest."""
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, save_every: int = 1000):
+  def __init__(self, directory: str, *, keep: int = 3, save_every: int = 1000):
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+    options = ocp.CheckpointManagerOptions(create=True, **_retention(keep))
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_handlers=_item_handlers())
 
@@ -45,16 +66,37 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def maybe_save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
+  def maybe_save(self, step: int, state, data_state: dict, run: dict | None = None, *,
+                 force: bool = False) -> bool:
+    """Saves at every `save_every`-th step (or `force`): the state, the data position and the
+    run's layout `run` (what a resume on another mesh needs to keep the same global batches)."""
     if not force and (self.save_every <= 0 or step % self.save_every):
       return False
     if step in self.manager.all_steps():
       return False
+    items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+    if run is not None:
+      items[RUN_ITEM] = ocp.args.JsonSave(run)
     with self._storage_errors():  # also reports a failure of the previous (async) save
-      self.manager.save(
-          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                        data=ocp.args.JsonSave(data_state)), force=True)
+      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
     return True
+
+  def run_layout(self) -> tuple[int, dict] | None:
+    """(step, layout) saved with the latest checkpoint that has one: the devices, processes,
+    mesh and accumulation steps of the run that wrote it; None for a fresh workdir (or one
+    whose checkpoints predate the layout). Reads one small json file, nothing else."""
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      path = os.path.join(self.directory, str(step), RUN_ITEM)
+      if not os.path.isdir(path):
+        continue
+      try:
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(**{RUN_ITEM: ocp.args.JsonRestore()}))
+      except Exception as error:  # unreadable: restore() reports it and falls back
+        _log_unreadable(step, self.directory, error)
+        continue
+      return step, dict(restored[RUN_ITEM])
+    return None
 
   @contextlib.contextmanager
   def _storage_errors(self):

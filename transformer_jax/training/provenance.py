@@ -7,6 +7,8 @@ Each start of a run (fresh or resumed) appends one JSON object to WORKDIR/proven
   git                                 commit, dirty, diff (of tracked files, capped), error
   python, versions                    python, jax, jaxlib, flax, optax, orbax-checkpoint
   devices, mesh                       platform, kind and counts; mesh axis -> size
+  layout, resumed_from                devices, processes, mesh and accumulation steps of this
+                                      start and of the checkpoint it resumes (training/elastic.py)
   config                              the resolved config
 
 A researcher comparing runs weeks later reads which code and setup made each number; a resumed
@@ -92,10 +94,11 @@ def _config_dict(config) -> dict:
   return json.loads(json.dumps(config, default=str, sort_keys=True))
 
 
-def collect(config, mesh: jax.sharding.Mesh, start_step: int,
-            matmul_dtype: dict | None = None) -> dict:
+def collect(config, mesh: jax.sharding.Mesh, start_step: int, matmul_dtype: dict | None = None,
+            layout: dict | None = None, resumed_from: dict | None = None) -> dict:
   """The provenance record of a run starting (or resuming) at `start_step`; `matmul_dtype`: the
-  dtype the model's matmuls run in and why (precision.py), where the caller knows it."""
+  dtype the model's matmuls run in and why (precision.py), where the caller knows it; `layout`
+  and `resumed_from`: this start's layout and that of the checkpoint it resumes (None: fresh)."""
   devices = jax.devices()
   return {
       'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -115,6 +118,8 @@ def collect(config, mesh: jax.sharding.Mesh, start_step: int,
       'mesh': {str(name): int(size) for name, size in mesh.shape.items()},
       'config': _config_dict(config),
       'matmul_dtype': matmul_dtype,
+      'layout': layout,
+      'resumed_from': resumed_from,
   }
 
 
@@ -155,6 +160,10 @@ def as_markdown(record: dict) -> str:
   devices = record['devices']
   summary = (f"step {record['start_step']}, code {code}, {devices['count']} x {devices['kind']}, "
              f"jax {record['versions']['jax']}")
+  resumed_from = record.get('resumed_from')
+  if resumed_from and resumed_from != record.get('layout'):
+    summary += (f", resumed from a layout of {resumed_from['devices']} devices, "
+                f"mesh {resumed_from['mesh']}")
   without_diff = {**record, 'git': {k: v for k, v in git.items() if k != 'diff'}}
   parts = [summary, _code_block(json.dumps(without_diff, indent=2, sort_keys=True))]
   if git['diff']:

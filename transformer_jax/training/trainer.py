@@ -25,7 +25,8 @@ from transformer_jax import flops, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.parallel import sharding
-from transformer_jax.training import preemption, provenance
+from transformer_jax.training import elastic, preemption, provenance
+from transformer_jax.training.batch_record import BatchRecord
 from transformer_jax.training.checkpointing import Checkpointer
 from transformer_jax.training.metrics_writer import MetricsWriter
 from transformer_jax.training.optimizer import make_optimizer
@@ -112,10 +113,20 @@ class Trainer:
     self.rules = sharding.LOGICAL_AXIS_RULES
     train = config.train
     self.tx, self.schedule = make_optimizer(config.optimizer)
-    self.accumulation_steps = int(train.get('accumulation_steps', 1))
-    self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                     max_to_keep=int(train.get('keep_checkpoints', 3)),
+    keep = int(train.get('keep_checkpoints', 3))
+    self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=keep,
                                      save_every=int(train.checkpoint_every))
+    # The layout of the run this one resumes (None when fresh): it may have had other devices.
+    saved = self.checkpointer.run_layout()
+    self.resumed_from = (elastic.Layout.from_json(saved[1], self.checkpointer.directory)
+                         if saved is not None else None)
+    self.accumulation_steps = elastic.accumulation_steps(
+        self.resumed_from, self.mesh, int(train.get('accumulation_steps', 1)),
+        bool(train.get('elastic_accumulation', False)))
+    self.layout = elastic.current(self.mesh, self.accumulation_steps, self.resumed_from)
+    if self.resumed_from is not None and self.resumed_from != self.layout:
+      logging.info('resuming the run saved at step %d on %s, now on %s', saved[0],
+                   self.resumed_from.describe(), self.layout.describe())
     sharded = build_train_step(task, self.tx, self.mesh, seed=int(config.seed),
                                accumulation_steps=self.accumulation_steps, rules=self.rules)
     self._create_state = sharded.create_state
@@ -123,6 +134,8 @@ class Trainer:
     self.checkpointer.check_fits(self.abstract_state)  # a changed model fails before any write
     self.is_chief = jax.process_index() == 0
     self.metrics = MetricsWriter(workdir, self.is_chief)
+    self.batch_record = BatchRecord(workdir, bool(train.get('record_batches', False)),
+                                    self.is_chief)
     self._batch_sharding = sharded.batch_sharding
     self.eval_context = EvalContext(self.mesh, self.to_global, self.metrics.text)
     self._train_step = sharded.step
@@ -147,6 +160,16 @@ class Trainer:
     return choice.reason
 
   # -- state ----------------------------------------------------------------------------------
+
+  @property
+  def batch_multiple(self) -> int:
+    """Rows of length-bucketed and packed global training batches are a multiple of this: the
+    data x fsdp x accumulation steps of the run's first layout (kept on resume: elastic.py)."""
+    return self.layout.batch_multiple
+
+  def check_batch_rows(self, rows):
+    """ConfigError unless global batches of each of `rows` rows split over this layout."""
+    elastic.check_rows(rows, self.layout, self.resumed_from)
 
   def init_state(self) -> TrainState:
     """Fresh parameters, created directly in their shards (never whole on one device)."""
@@ -255,6 +278,7 @@ class Trainer:
               slots_in(batch) * jax.process_count(),
               model_flops.of(batch) * jax.process_count())
           profiler.before_step(step)
+          self.batch_record.add(step + 1, batch)
           state, metrics = self._train_step(state, self.to_global(batch))
           step += 1
           pending.append(metrics)
@@ -271,7 +295,8 @@ class Trainer:
             pending = []
           if eval_every and step % eval_every == 0 and not stop:
             final.update(self._evaluate_and_log(state.params, step, eval_batches_fn))
-          if self.checkpointer.maybe_save(step, state, train_data.get_state(), force=bool(stop)):
+          if self.checkpointer.maybe_save(step, state, train_data.get_state(),
+                                          self.layout.to_json(), force=bool(stop)):
             logging.info('saved checkpoint at step %d', step)
         interrupted = stop not in (None, _DONE, _OUT_OF_TIME)
         if interrupted:
@@ -298,7 +323,9 @@ class Trainer:
         'dtype': jnp.dtype(self.task.cfg.matmul_dtype or self.task.cfg.dtype).name,
         'reason': self.matmul_reason()
     }
-    record = provenance.collect(self.config, self.mesh, step, matmul)
+    resumed_from = self.resumed_from.to_json() if self.resumed_from is not None and step else None
+    record = provenance.collect(self.config, self.mesh, step, matmul, self.layout.to_json(),
+                                resumed_from)
     if record['git']['error']:
       logging.info('provenance: no git commit for the code (%s)', record['git']['error'])
     path = provenance.append(self.workdir, record)

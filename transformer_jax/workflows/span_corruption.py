@@ -136,7 +136,6 @@ def span_corruption_data(config, workdir: str, load_tokenizers, build):
   valid_pairs = (tokenizer.decode_batch(valid_src[:shown]),
                  tokenizer.decode_batch(valid_tgt[:shown]))
   task, trainer, _ = build(config, workdir, valid_pairs=valid_pairs, tokenizers=tokenizers)
-  save_config(config, workdir)
 
   import jax
   from transformer_jax.parallel.sharding import data_parallel_size
@@ -146,10 +145,13 @@ def span_corruption_data(config, workdir: str, load_tokenizers, build):
   ways = data_parallel_size(trainer.mesh)
   # Targets are ~a quarter of the inputs' length: batches carry only the columns they need.
   targets_length = span_corruption.targets_length(int(data.max_len), **noise_settings(config))
+  # Rows rounded to the run's first layout (kept when resumed on another: training/elastic.py).
   train_data = span_corruption.SpanCorruptionBatcher(train_chunks, seed=config.seed,
-                                                     multiple_of=ways * trainer.accumulation_steps,
+                                                     multiple_of=trainer.batch_multiple,
                                                      targets_length=targets_length, **corrupt,
                                                      **batch_kwargs)
+  trainer.check_batch_rows(train_data.global_rows)  # before the first write
+  save_config(config, workdir)
   valid_data = span_corruption.CroppedTargets(
       batching.BucketedBatcher(valid_src, valid_tgt, seed=config.seed, shuffle=False,
                                multiple_of=ways, **batch_kwargs), targets_length)

@@ -249,16 +249,21 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
   from transformer_jax.parallel.sharding import data_parallel_size
-  kwargs = dict(
-      batch_tokens=data.batch_tokens, seed=config.seed, shuffle=train,
-      multiple_of=data_parallel_size(trainer.mesh) * (trainer.accumulation_steps if train else 1),
-      process_index=jax.process_index(), process_count=jax.process_count())
+  # Training rows are rounded to the run's first layout, kept when it resumes on another
+  # (training/elastic.py); evaluation's to this mesh.
+  kwargs = dict(batch_tokens=data.batch_tokens, seed=config.seed, shuffle=train,
+                multiple_of=trainer.batch_multiple if train else data_parallel_size(trainer.mesh),
+                process_index=jax.process_index(), process_count=jax.process_count())
   if data_pack(config):
-    return packing.PackedBatcher(src_ids, tgt_ids, length=packing.row_length(data.max_len),
-                                 **kwargs)
-  return batching.BucketedBatcher(src_ids, tgt_ids,
-                                  buckets=batching.bucket_lengths(data.max_len,
-                                                                  data.buckets), **kwargs)
+    batcher = packing.PackedBatcher(src_ids, tgt_ids, length=packing.row_length(data.max_len),
+                                    **kwargs)
+  else:
+    batcher = batching.BucketedBatcher(src_ids, tgt_ids,
+                                       buckets=batching.bucket_lengths(data.max_len,
+                                                                       data.buckets), **kwargs)
+  if train:
+    trainer.check_batch_rows(batcher.global_rows)
+  return batcher
 
 
 def padding_fraction(config, batcher, epoch: int = 0) -> float:
@@ -304,9 +309,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       config, pretrained = init_config(config, workdir, model_config, restore_for_inference)
       write_init_tokenizer(workdir, pretrained)
     task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
-    save_config(config, workdir)
     train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
     valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
+    save_config(config, workdir)  # after the checks of the batches against the mesh
     logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
                  train_data.num_batches_per_epoch, valid_data.num_examples)
     if pretrained is not None:
