@@ -45,6 +45,9 @@ TINY = {
     'train.keep_checkpoints': 5,
     'train.record_batches': True,
 }
+# 480 // 32 = 15 packed rows: 8 rounded to 8 devices, but 12, 14, 15 on 4, 2, 1; the resumes keep
+# 8 (the first layout's), or their batches would differ from the reference's.
+PACKED_BATCH_TOKENS = 480
 FAMILIES = {
     'gpt': ('experiments.lm', 'experiments/configs/shakespeare_char.py', {
         'model.num_decoder_layers': 2,
@@ -71,9 +74,7 @@ FAMILIES = {
         'model.attention_dropout_rate': 0.1,
         'data.pack': True,
         'data.max_len': 32,
-        # 480 // 32 = 15 rows: 8 rounded to 8 devices, but 12, 14, 15 on 4, 2, 1; the resumes
-        # keep 8 (the first layout's), or their batches would differ from the reference's.
-        'data.batch_tokens': 480,
+        'data.batch_tokens': PACKED_BATCH_TOKENS,
         'data.max_train_examples': 300,
         'train.eval_max_batches': 1,
         'eval.bleu_sentences': 2,
