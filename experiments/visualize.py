@@ -42,14 +42,14 @@ _TITLE = flags.DEFINE_string(
 
 
 def workdir_kind(config) -> str:
-  """'translation', 'lm' or 'bert', from the keys of a saved config."""
+  """'translation', 'lm' or 'encoder' (experiments.bert), from the keys of a saved config."""
   data = config.get('data', {})
   if 'src_lang' in data:
     return 'translation'
   if 'block_size' in data:
     return 'lm'
   if config.get('mode', '') in ('pretrain', 'finetune'):
-    return 'bert'
+    return 'encoder'
   raise ConfigError('cannot tell which experiment trained this workdir (its config.json has '
                     'neither data.src_lang, data.block_size nor a BERT mode)')
 
@@ -93,8 +93,8 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
                                            task.tgt_tokenizer, text, target)
     return maps, 'Translation attention', f'source: {text}\ntarget: {target}'
   if target is not None:
-    raise ConfigError('--target is for translation workdirs; this one is a '
-                      f'{kind} model: pass only --text')
+    raise ConfigError(f'--target is for translation workdirs, not this {kind} one: pass '
+                      'only --text')
   if kind == 'lm':
     from transformer_jax.workflows import lm
     task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)

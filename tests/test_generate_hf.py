@@ -19,7 +19,8 @@ torch = pytest.importorskip('torch', reason='needs the parity extra: pip install
 transformers = pytest.importorskip('transformers',
                                    reason='needs the parity extra: pip install -e ".[parity]"')
 
-from transformer_jax.convert import hf_auto
+from transformer_jax.convert import families, hf_auto
+from transformer_jax.convert.hf_files import HFModel
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data.hf_tokenizer import GPT2_EOS, HFTokenizer
 from transformer_jax.errors import ConfigError, DataError
@@ -183,11 +184,11 @@ def test_load_hf_causal_lm_dispatches_on_model_type(hf_dir, tmp_path, monkeypatc
   assert family == 'gpt2' and cfg.vocab_size == VOCAB and cfg.num_decoder_layers == 2
   assert params['token_embed']['embedding'].shape == (VOCAB, 32)
 
-  # 'llama' goes to convert.hf_llama.load_hf_llama with the overrides (a stand-in module here:
+  # 'llama' goes to convert.hf_llama.load with the overrides (a stand-in module here:
   # the LLaMA converter's own tests check the conversion).
   calls = []
   fake = types.ModuleType('transformer_jax.convert.hf_llama')
-  fake.load_hf_llama = lambda d, **kw: calls.append((d, kw)) or ('cfg', 'params')
+  fake.load = lambda d, **kw: calls.append((d, kw)) or HFModel('cfg', 'params')
   monkeypatch.setitem(sys.modules, 'transformer_jax.convert.hf_llama', fake)
   import transformer_jax.convert as convert_package
   monkeypatch.setattr(convert_package, 'hf_llama', fake, raising=False)
@@ -198,8 +199,9 @@ def test_load_hf_causal_lm_dispatches_on_model_type(hf_dir, tmp_path, monkeypatc
   assert calls == [(str(llama), {'dtype': 'bfloat16'})]
 
   (llama / 'config.json').write_text(json.dumps({'model_type': 't5'}))
+  causal = ', '.join(families.names(families.CAUSAL_LM))  # gpt2, llama, ...
   with pytest.raises(ConfigError, match=r"model_type='t5'; supported causal language models: "
-                     r'gpt2, llama$'):
+                     f'{causal}$'):
     hf_auto.load_hf_causal_lm(str(llama))
   (llama / 'config.json').write_text('{}')
   with pytest.raises(ConfigError, match='has no model_type'):

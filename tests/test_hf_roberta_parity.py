@@ -281,7 +281,9 @@ def test_bad_checkpoints_are_one_named_line(mlm_dir, tmp_path):
 
 def test_bert_and_roberta_directories_are_told_apart(mlm_dir, tmp_path):
   _, roberta_dir = mlm_dir
-  with pytest.raises(ConfigError, match=r"model_type='roberta': a RoBERTa .*load_hf_roberta"):
+  with pytest.raises(
+      ConfigError, match=r"model_type='roberta': a roberta checkpoint, not BERT; import it with "
+      r'convert.families.of_directory\(DIR\).load\(DIR\)$'):
     hf_bert.load_hf_bert(roberta_dir)
   bert_dir = tmp_path / 'bert'
   bert_dir.mkdir()

@@ -236,7 +236,7 @@ def test_hf_dir_families_for_finetuning(tmp_path):
   for model_type in ('albert', 'gpt2', 'roberta'):
     (tmp_path / model_type).mkdir()
     (tmp_path / model_type / 'config.json').write_text(json.dumps({'model_type': model_type}))
-  assert bert.hf_family(str(tmp_path / 'roberta')) == 'roberta'
+  assert bert.hf_family(str(tmp_path / 'roberta')).name == 'roberta'
   config = _config(sst2_minilm, {'init.hf_dir': str(tmp_path / 'albert')})
   with pytest.raises(ConfigError) as info:
     bert.load_init(config)

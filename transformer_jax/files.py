@@ -1,7 +1,25 @@
-"""Atomic file writes: readers see the old file or the new one, never half of one."""
+"""Atomic file writes (readers see the old file or the new one, never half of one) and JSON
+objects read with one error line."""
 
+import json
 import os
 import tempfile
+
+from transformer_jax.errors import DataError
+
+
+def read_json_object(path: str) -> dict:
+  """The JSON object in `path`; one DataError line if it cannot be read or is not an object."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      data = json.load(f)
+  except (OSError, ValueError) as e:
+    text = str(e).strip()
+    raise DataError(
+        f'cannot read {path}: {text.splitlines()[0] if text else type(e).__name__}') from None
+  if not isinstance(data, dict):
+    raise DataError(f'{path} is not a JSON object')
+  return data
 
 
 def write_atomically(path: str, data: bytes | str) -> None:

@@ -3,10 +3,9 @@
 What the Hugging Face format asks, and nothing about workdirs (workflows/export.py reads a
 trained workdir with each workflow's own functions and calls these):
 
-  converters(family, heads, special_ids) -> (config_to_hf, export_state_dict) of a family:
-      gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), t5 (T5ForConditionalGeneration),
-      bert / albert / roberta (the class holding exactly the params' heads: ...ForPreTraining,
-      ...ForMaskedLM, ...ForSequenceClassification or ...Model);
+  converters(family, heads, special_ids) -> (config_to_hf, export_state_dict) of a family of
+      convert/families.py (encoders: the class holding exactly the params' heads,
+      ...ForPreTraining, ...ForMaskedLM, ...ForSequenceClassification or ...Model);
   tokenizer_files(tokenizer, max_len) -> TokenizerFiles: a tokenizer as files an HF tokenizer
       class loads with the same ids: a character vocabulary as a `tokenizers` tokenizer.json
       (one token per character), SentencePiece as tokenizer.json (converted the way
@@ -40,7 +39,6 @@ from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 TOKENIZER_CONFIG_FILE = 'tokenizer_config.json'
-FAMILIES = ('gpt2', 'llama', 'bert', 'albert', 'roberta', 't5')
 
 # -- the directory ------------------------------------------------------------------------------
 
@@ -315,39 +313,7 @@ def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
 
 
 def converters(family: str, heads: dict | None = None, special_ids: dict | None = None):
-  """(config_to_hf(cfg) -> dict, export_state_dict(cfg, params) -> dict) of a family.
-
-  `heads` (bert, albert, roberta): the `Bert` heads the params hold, as `hf_bert.bert_heads`
-  gives them. `special_ids` (roberta): config.json's pad/bos/eos ids in HF's numbering, as
-  `TokenizerFiles.special_ids` of a `RobertaTokenizer` gives them (RoBERTa's own by default);
-  the pad id also places the position rows and the swapped word embedding rows. Each family's
-  module is imported only when used.
-  """
-  heads = dict(heads or {})
-  if family == 'gpt2':
-    from transformer_jax.convert import hf_gpt2
-    return hf_gpt2.gpt2_config_to_hf, hf_gpt2.export_gpt2_state_dict
-  if family == 'llama':
-    from transformer_jax.convert import hf_llama
-    return hf_llama.llama_config_to_hf, hf_llama.export_llama_state_dict
-  if family == 't5':
-    from transformer_jax.convert import hf_t5
-    return hf_t5.t5_config_to_hf, hf_t5.export_t5_state_dict
-  if family == 'bert':
-    from transformer_jax.convert import hf_bert
-    return lambda cfg: hf_bert.bert_config_to_hf(cfg, **heads), hf_bert.export_bert_state_dict
-  if family == 'albert':
-    from transformer_jax.convert import hf_albert
-    return (lambda cfg: hf_albert.albert_config_to_hf(cfg, **heads),
-            hf_albert.export_albert_state_dict)
-  if family == 'roberta':
-    from transformer_jax.convert import hf_roberta
-    ids = {
-        k: int(v)
-        for k, v in (special_ids or {}).items()
-        if k in ('pad_token_id', 'bos_token_id', 'eos_token_id')
-    }
-    pad = ids.get('pad_token_id', 1)
-    return (lambda cfg: hf_roberta.roberta_config_to_hf(cfg, **heads, **ids),
-            lambda cfg, params: hf_roberta.export_roberta_state_dict(cfg, params, pad))
-  raise ConfigError(f'unknown model family {family!r}; known: {FAMILIES}')
+  """(config_to_hf(cfg) -> dict, export_state_dict(cfg, params) -> dict) of the family called
+  `family` (convert/families.py: `Family.exporters` says what `heads` and `special_ids` are)."""
+  from transformer_jax.convert import families
+  return families.named(family).exporters(heads, special_ids)

@@ -20,19 +20,18 @@ Export writes the HF class that holds exactly the params' heads (`albert_archite
 import(export(params)) == params bit for bit.
 """
 
-import json
-import os
 from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_bert import _bare_names as _bert_bare_names
-from transformer_jax.convert.hf_bert import bert_heads
-from transformer_jax.convert.hf_gpt2 import read_state_dict, refuse_switches
+from transformer_jax.convert.hf_bert import bare_names as _bert_bare_names
+from transformer_jax.convert.hf_bert import bert_heads, factorised
+from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
+                                              refuse_switches)
 from transformer_jax.convert.name_table import (ParamReader, Table, params_from_table, same,
                                                 state_from_table, transpose)
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import albert_config
 
@@ -111,7 +110,7 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pooler: bo
   """HF name (no prefix) -> (our param path, HF shape, HF array -> ours, our array -> HF's).
 
   BERT's entries under ALBERT's names, at the embedding width E where ALBERT factorises: too
-  many names and widths differ to derive it from `hf_bert._table`.
+  many names and widths differ to derive it from `hf_bert.encoder_table`.
   """
   e, m, h, d, w = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim, cfg.embedding_size
   table = {}
@@ -158,7 +157,7 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pooler: bo
 
 
 def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file), as `hf_bert._bare_names`: no
+  """(bare name -> array, bare name -> name in the file), as `hf_bert.bare_names`: no
   'albert.' prefix, TF-era LayerNorm.gamma/beta renamed, buffers and the tied decoder dropped."""
   return _bert_bare_names(state, _PREFIX, head='predictions.')
 
@@ -196,12 +195,14 @@ def load_hf_albert(directory: str, **overrides) -> tuple[TransformerConfig, dict
   `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}: the `Bert`
   attributes matching the weights. `overrides` go to the config (e.g. dropout_rate=0.0).
   """
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face ALBERT directory '
-                    '(config.json and model.safetensors)')
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  model = load(directory, **overrides)
+  return model.config, model.params, model.heads
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF ALBERT folder `directory` (families.py's converter interface; the SentencePiece
+  tokenizer is the caller's to load)."""
+  hf_config = read_hf_config(directory, 'config.json and model.safetensors')
   cfg, type_vocab_size = albert_config_from_hf(hf_config, **overrides)
   _check_albert_expressible(cfg)  # before the weights are read
   state = read_state_dict(directory)
@@ -211,7 +212,7 @@ def load_hf_albert(directory: str, **overrides) -> tuple[TransformerConfig, dict
       'imported ALBERT from %s: %d applications of one shared layer, %d heads, width %d, '
       'embedding width %d, vocab %d, heads %s', directory, cfg.num_encoder_layers, cfg.num_heads,
       cfg.emb_dim, cfg.embedding_size, cfg.vocab_size, heads)
-  return cfg, params, dict(heads, type_vocab_size=type_vocab_size)
+  return HFModel(cfg, params, heads=dict(heads, type_vocab_size=type_vocab_size))
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -288,3 +289,27 @@ def export_albert_state_dict(cfg: TransformerConfig, params) -> dict[str, np.nda
   state = state_from_table(table, ParamReader(params, 'ALBERT'))
   return {('' if name.startswith(_HEAD_PREFIXES) else prefix) + name: value
           for name, value in state.items()}
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) for params holding `heads` (families.py's converter
+  interface)."""
+  del special_ids
+  heads = dict(heads or {})
+  return lambda cfg: albert_config_to_hf(cfg, **heads), export_albert_state_dict
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the encoder `cfg` is ALBERT's: a factorised embedding or shared
+  layers. With a byte-level BPE tokenizer no HF class computes it: one ConfigError line."""
+  if not factorised(cfg):
+    return False
+  if byte_level:
+    raise ConfigError('an ALBERT (embedding_size or share_layers set) with RoBERTa\'s '
+                      'byte-level BPE has no Hugging Face class: ALBERT tokenizers number '
+                      'their ids as WordPiece does (pretrain with tokenizer.type=wordpiece)')
+  return True
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = albert_config_from_hf

@@ -26,25 +26,21 @@ from typing import Any, Mapping
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_gpt2 import read_state_dict, refuse_switches
+from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
+                                              refuse_switches)
 from transformer_jax.convert.name_table import (ParamReader, Table, canonical_names,
                                                 params_from_table, same, state_from_table,
                                                 strip_prefix, transpose)
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import bert_config
 
 # HF 'gelu' is the exact erf form; the *_new/_fast/_pytorch_tanh names are the tanh approximation.
-_ACTIVATIONS = {
+ACTIVATIONS = {
     'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu',
     'relu': 'relu', 'silu': 'silu', 'swish': 'silu'
 }
 _PREFIX = 'bert.'
-# BERT's successors, whose directories look like BERT's but are read by their own converters.
-_OTHER_FAMILIES = {
-    'roberta': 'RoBERTa (convert/hf_roberta.load_hf_roberta)',
-    'albert': 'ALBERT (convert/hf_albert.load_hf_albert)'
-}
 _BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
 
 
@@ -52,15 +48,16 @@ def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[Tran
   """(our config, type_vocab_size) for an HF `BertConfig` dict; `overrides` win."""
   c = dict(hf_config)
   model_type = c.get('model_type', 'bert')
-  if model_type in _OTHER_FAMILIES:
-    raise ConfigError(f'config.json has model_type={model_type!r}: a {_OTHER_FAMILIES[model_type]} '
-                      'checkpoint, not BERT; import it with that family\'s loader')
   if model_type != 'bert':
-    raise ConfigError(f"config.json has model_type={model_type!r}; only 'bert' is supported")
+    # BERT's successors' folders look like BERT's but are read by their own converters.
+    from transformer_jax.convert import families
+    other = families.of_model_type(model_type)
+    raise ConfigError(f'config.json has model_type={model_type!r}: a {other.name} checkpoint, not '
+                      'BERT; import it with convert.families.of_directory(DIR).load(DIR)')
   activation = c.get('hidden_act', 'gelu')
-  if activation not in _ACTIVATIONS:
+  if activation not in ACTIVATIONS:
     raise ConfigError(f'config.json hidden_act={activation!r} is not supported; supported: '
-                      f'{sorted(_ACTIVATIONS)}')
+                      f'{sorted(ACTIVATIONS)}')
   if c.get('position_embedding_type', 'absolute') != 'absolute':
     raise ConfigError(f"config.json position_embedding_type={c['position_embedding_type']!r} "
                       "is not supported (need 'absolute')")
@@ -73,7 +70,7 @@ def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[Tran
                   num_encoder_layers=int(c['num_hidden_layers']),
                   max_len=int(c['max_position_embeddings']),
                   norm_epsilon=float(c.get('layer_norm_eps',
-                                           1e-12)), activation=_ACTIVATIONS[activation],
+                                           1e-12)), activation=ACTIVATIONS[activation],
                   dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
                   attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
                   embed_init_std=float(c.get('initializer_range', 0.02)))
@@ -83,8 +80,8 @@ def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[Tran
   return bert_config(**values), int(c.get('type_vocab_size', 2))
 
 
-def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads: dict,
-           pooler: bool = True) -> Table:
+def encoder_table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads: dict,
+                  pooler: bool = True) -> Table:
   """HF name (no prefix) -> (our param path, HF shape, HF array -> ours, our array -> HF's)."""
   e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
   table = {}
@@ -132,8 +129,8 @@ def _table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads:
   return table
 
 
-def _bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
-                head: str = 'cls.predictions.') -> tuple[dict, dict]:
+def bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
+               head: str = 'cls.predictions.') -> tuple[dict, dict]:
   """(bare name -> array, bare name -> name in the file): no `prefix`, TF-era LayerNorm.gamma/beta
   renamed, buffers and the tied (or duplicated) decoder of the MLM `head` dropped.
 
@@ -158,7 +155,7 @@ def _bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
 
 def detect_heads(state: Mapping[str, Any]) -> dict:
   """The `Bert` head attributes a checkpoint's names and shapes imply."""
-  arrays, _ = _bare_names(state)
+  arrays, _ = bare_names(state)
   heads = {
       'mlm': 'cls.predictions.transform.dense.weight' in arrays, 'sentence_classes': 0,
       'num_labels': 0
@@ -178,11 +175,11 @@ def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
   unknown, missing or wrongly shaped parameters.
   """
   heads = detect_heads(state) if heads is None else heads
-  arrays, original = _bare_names(state)
+  arrays, original = bare_names(state)
   # BertForMaskedLM checkpoints have no pooler: it is then left out (a fine-tuning run
   # initialises it afresh).
-  table = _table(cfg, type_vocab_size, cfg.num_encoder_layers, heads, pooler='pooler.dense.weight'
-                 in arrays)
+  table = encoder_table(cfg, type_vocab_size, cfg.num_encoder_layers, heads,
+                        pooler='pooler.dense.weight' in arrays)
   return params_from_table(table, arrays, original, dtype=cfg.param_dtype,
                            what=f'a BERT with {cfg.num_encoder_layers} layers and heads {heads}')
 
@@ -193,13 +190,15 @@ def load_hf_bert(directory: str, **overrides):
   `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}: the `Bert`
   attributes matching the weights. `overrides` go to the config (e.g. dropout_rate=0.0).
   """
+  model = load(directory, **overrides)
+  return model.config, model.params, model.tokenizer, model.heads
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF BERT folder `directory` with its WordPiece tokenizer (families.py's converter
+  interface)."""
   from transformer_jax.data.wordpiece import WordPieceTokenizer
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face BERT directory '
-                    '(config.json, model.safetensors and vocab.txt)')
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  hf_config = read_hf_config(directory, 'config.json, model.safetensors and vocab.txt')
   cfg, type_vocab_size = bert_config_from_hf(hf_config, **overrides)
   state = read_state_dict(directory)
   heads = detect_heads(state)
@@ -212,7 +211,7 @@ def load_hf_bert(directory: str, **overrides):
                       f'says vocab_size={cfg.vocab_size}')
   logging.info('imported BERT from %s: %d layers, %d heads, width %d, vocab %d, heads %s',
                directory, cfg.num_encoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size, heads)
-  return cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size)
+  return HFModel(cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size))
 
 
 def tokenizer_lowercase(directory: str) -> bool:
@@ -226,8 +225,8 @@ def tokenizer_lowercase(directory: str) -> bool:
 
 # -- export -------------------------------------------------------------------------------------
 
-# Our activation names -> HF's (the inverse of _ACTIVATIONS; HF's 'gelu' is the exact erf form).
-_HF_ACTIVATIONS = {'gelu_exact': 'gelu', 'gelu': 'gelu_new', 'relu': 'relu', 'silu': 'silu'}
+# Our activation names -> HF's (the inverse of ACTIVATIONS; HF's 'gelu' is the exact erf form).
+HF_ACTIVATIONS = {'gelu_exact': 'gelu', 'gelu': 'gelu_new', 'relu': 'relu', 'silu': 'silu'}
 
 
 def bert_heads(params) -> dict:
@@ -270,7 +269,7 @@ def check_bert_expressible(cfg: TransformerConfig, family: str = 'BERT') -> None
   refuse_switches(
       family, cfg,
       dict(position='learned', norm_type='layernorm', norm_position='post', embedding_norm=True,
-           activation=tuple(_HF_ACTIVATIONS), use_bias=True, tie_output=True,
+           activation=tuple(HF_ACTIVATIONS), use_bias=True, tie_output=True,
            num_kv_heads=cfg.num_heads, head_dim=cfg.emb_dim // cfg.num_heads,
            scale_embeddings=False, scale_attention_scores=True, rescale_tied_output=False,
            share_layers=False, embedding_size=None))
@@ -297,7 +296,7 @@ def bert_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 2, mlm: boo
       'model_type': 'bert', 'architectures': [architecture], 'vocab_size': cfg.vocab_size,
       'hidden_size': cfg.emb_dim, 'num_hidden_layers': cfg.num_encoder_layers,
       'num_attention_heads': cfg.num_heads, 'intermediate_size': cfg.mlp_dim,
-      'hidden_act': _HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
+      'hidden_act': HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
       'attention_probs_dropout_prob': cfg.attention_dropout_rate,
       'max_position_embeddings': cfg.max_len, 'type_vocab_size': int(type_vocab_size),
       'initializer_range': cfg.embed_init_std or 0.02, 'layer_norm_eps': cfg.norm_epsilon,
@@ -323,7 +322,30 @@ def export_bert_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarr
   prefix = '' if bert_architecture(heads['mlm'], heads['sentence_classes'],
                                    heads['num_labels']) == 'BertModel' else _PREFIX
   has_pooler = 'pooler' in params  # BertForMaskedLM checkpoints imported here have none
-  table = _table(cfg, heads['type_vocab_size'], cfg.num_encoder_layers, heads, pooler=has_pooler)
+  table = encoder_table(cfg, heads['type_vocab_size'], cfg.num_encoder_layers, heads,
+                        pooler=has_pooler)
   state = state_from_table(table, ParamReader(params, 'BERT'))
   return {('' if name.startswith(('cls.', 'classifier.')) else prefix) + name: value
           for name, value in state.items()}
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) for params holding `heads` (families.py's converter
+  interface; BERT's ids need no placing)."""
+  del special_ids
+  heads = dict(heads or {})
+  return lambda cfg: bert_config_to_hf(cfg, **heads), export_bert_state_dict
+
+
+def factorised(cfg: TransformerConfig) -> bool:
+  """Whether `cfg` factorises its embedding or shares its layers: ALBERT's switches."""
+  return cfg.embedding_size is not None or cfg.share_layers
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the encoder `cfg` is BERT's: WordPiece ids, no ALBERT switches."""
+  return not byte_level and not factorised(cfg)
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = bert_config_from_hf

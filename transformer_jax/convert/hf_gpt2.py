@@ -15,13 +15,9 @@ Export is the exact inverse (import(export(params)) == params bitwise): q|k|v fu
 `lm_head.weight` only for an untied output layer. A config GPT-2 cannot express (rotary
 positions, RMSNorm, no biases, gated MLPs, ...) is refused with one line naming the switch.
 
-Checkpoints are read with `safetensors` (no code runs on load). A directory that only has the
-legacy `pytorch_model.bin` is read with `torch.load(weights_only=True)`, which refuses pickled
-code objects; torch is needed only then.
+The files are read by `hf_files.py`, as for every family.
 """
 
-import json
-import os
 import re
 from typing import Any, Mapping
 
@@ -31,8 +27,10 @@ from absl import logging
 # ParamReader and params_to_numpy lived here; other converters and callers may import them
 # from this module still.
 from transformer_jax.convert.name_table import ParamReader, params_to_numpy  # noqa: F401
+from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
+                                              refuse_switches)
 from transformer_jax.convert.name_table import canonical_names, check_state, strip_prefix
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config
 
@@ -158,51 +156,23 @@ def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) ->
   return params
 
 
-def read_state_dict(directory: str) -> dict[str, np.ndarray]:
-  """name -> numpy array from model.safetensors (single or sharded), else pytorch_model.bin."""
-  single = os.path.join(directory, 'model.safetensors')
-  index = os.path.join(directory, 'model.safetensors.index.json')
-  legacy = os.path.join(directory, 'pytorch_model.bin')
-  if os.path.exists(single) or os.path.exists(index):
-    from safetensors.numpy import load_file
-    if os.path.exists(single):
-      return load_file(single)
-    with open(index) as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
-    state = {}
-    for name in files:
-      state.update(load_file(os.path.join(directory, name)))
-    return state
-  if os.path.exists(legacy):
-    logging.warning(
-        '%s has no model.safetensors: reading the legacy pytorch_model.bin with '
-        'torch.load(weights_only=True)', directory)
-    import torch
-    loaded = torch.load(legacy, weights_only=True, map_location='cpu')
-    # numpy has no bfloat16: widen floating tensors to float32 (the params' dtype anyway).
-    return {
-        k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
-        for k, v in loaded.items()
-    }
-  raise DataError(f'{directory} holds no model.safetensors, model.safetensors.index.json or '
-                  'pytorch_model.bin')
-
-
 def load_hf_gpt2(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
   """(config, params) for the HF GPT-2 checkpoint in `directory` (config.json + weights).
 
   `overrides` go to the config (e.g. dropout_rate=0.0 to fine-tune without dropout).
   """
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face GPT-2 directory '
-                    '(config.json and model.safetensors)')
-  with open(config_path) as f:
-    cfg = gpt2_config_from_hf(json.load(f), **overrides)
+  model = load(directory, **overrides)
+  return model.config, model.params
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF GPT-2 folder `directory` (families.py's converter interface)."""
+  cfg = gpt2_config_from_hf(read_hf_config(directory, 'config.json and model.safetensors'),
+                            **overrides)
   params = convert_gpt2_state_dict(read_state_dict(directory), cfg)
   logging.info('imported GPT-2 from %s: %d layers, %d heads, width %d, vocab %d', directory,
                cfg.num_decoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size)
-  return cfg, params
+  return HFModel(cfg, params)
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -219,25 +189,17 @@ _LAYER_NAMES = (('ln_1.weight', 'self_attention_norm/scale'), ('ln_1.bias',
                 ('mlp.c_proj.weight', 'mlp/wo/kernel'), ('mlp.c_proj.bias', 'mlp/wo/bias'))
 
 
-def refuse_switches(family: str, cfg: TransformerConfig, needed: Mapping[str, Any]) -> None:
-  """One ConfigError naming the first switch of `cfg` that differs from what `family` needs."""
-  for name, want in needed.items():
-    have = getattr(cfg, name, want)  # a switch this version lacks has its neutral value
-    ok = have in want if isinstance(want, tuple) else have == want
-    if not ok:
-      shown = ' or '.join(map(repr, want)) if isinstance(want, tuple) else repr(want)
-      raise ConfigError(f'{family} cannot express {name}={have!r} (it needs {shown}): no Hugging '
-                        f'Face {family} model computes what this one does')
+def gpt2_switches(cfg: TransformerConfig) -> dict:
+  """The switches GPT-2's architecture fixes, for `refuse_switches` (OPT's are these too)."""
+  return dict(num_encoder_layers=0, position='learned', norm_type='layernorm', norm_position='pre',
+              activation=tuple(_HF_ACTIVATIONS), use_bias=True, num_kv_heads=cfg.num_heads,
+              head_dim=cfg.emb_dim // cfg.num_heads, scale_embeddings=False, embedding_norm=False,
+              scale_attention_scores=True, rescale_tied_output=False, share_layers=False,
+              embedding_size=None)
 
 
 def _check_gpt2_expressible(cfg: TransformerConfig) -> None:
-  refuse_switches(
-      'GPT-2', cfg,
-      dict(num_encoder_layers=0, position='learned', norm_type='layernorm', norm_position='pre',
-           activation=tuple(_HF_ACTIVATIONS), use_bias=True, num_kv_heads=cfg.num_heads,
-           head_dim=cfg.emb_dim // cfg.num_heads, scale_embeddings=False, embedding_norm=False,
-           scale_attention_scores=True, rescale_tied_output=False, share_layers=False,
-           embedding_size=None))
+  refuse_switches('GPT-2', cfg, gpt2_switches(cfg))
   if cfg.head_dim * cfg.num_heads != cfg.emb_dim:
     raise ConfigError(f'GPT-2 cannot express head_dim={cfg.head_dim} with num_heads='
                       f'{cfg.num_heads} and emb_dim={cfg.emb_dim} (it needs heads x head_dim = '
@@ -298,3 +260,21 @@ def export_gpt2_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarr
   _check(state, names, cfg)
   get.finish()
   return {names[k]: np.ascontiguousarray(v) for k, v in state.items()}
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) (families.py's converter interface; GPT-2 needs neither
+  heads nor special ids)."""
+  del heads, special_ids
+  return gpt2_config_to_hf, export_gpt2_state_dict
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the causal LM `cfg` is GPT-2's: any without rotary positions, RMSNorm
+  or a gated MLP (those are LLaMA's); the exporter refuses the switches GPT-2 lacks."""
+  del byte_level
+  return not (cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu')
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = gpt2_config_from_hf

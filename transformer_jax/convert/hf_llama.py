@@ -22,22 +22,19 @@ Meta's own files are not: convert them with transformers' script first.
 Refused, with one ConfigError line each: another model_type, a hidden_act other than SiLU, rope
 scaling other than none/default (linear, dynamic, yarn, llama3, ...), attention or MLP biases.
 Weights are read without running code: safetensors (float32, float16 or bfloat16, single or
-sharded) or, failing those, `pytorch_model.bin` through `hf_gpt2.read_state_dict`.
+sharded) or, failing those, `pytorch_model.bin` (`hf_files.read_state_dict`, as every family).
 """
 
-import json
-import os
 import re
-import struct
 from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_gpt2 import read_state_dict as read_legacy_state_dict
-from transformer_jax.convert.name_table import (ParamReader, Table, canonical_names,
+from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
+from transformer_jax.convert.name_table import (ParamReader, Table, causal_lm_names,
                                                 params_from_table, same, state_from_table)
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import LLAMA_ARCHITECTURE, llama_config
 
@@ -202,26 +199,13 @@ def _table(cfg: TransformerConfig) -> Table:
   return table
 
 
-def _full_names(state: Mapping[str, Any], tie_output: bool) -> tuple[dict, dict]:
-  """(LlamaForCausalLM name -> array, that name -> the name in the file): a bare `LlamaModel`'s
-  names get the 'model.' prefix; rotary buffers and a tied head (equal to the embedding) go."""
-  full = lambda name: name if name.startswith(_PREFIX) or name == _HEAD else _PREFIX + name
-  arrays, original = canonical_names(state, full, _PREFIX,
-                                     drop=lambda name: bool(_BUFFER.search(name)))
-  if tie_output and _HEAD in arrays:
-    head, embedding = arrays.pop(_HEAD), arrays.get(f'{_PREFIX}embed_tokens.weight')
-    if embedding is not None and not np.array_equal(np.asarray(head), np.asarray(embedding)):
-      raise ConfigError(f'{_HEAD} differs from {_PREFIX}embed_tokens.weight but config.json says '
-                        'tie_word_embeddings=true; set it to false to import the separate head')
-  return arrays, original
-
-
 def convert_llama_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:
   """Our `GPT` params (nested dict of numpy arrays, as `GPT.init` lays them out) from HF's.
 
   Raises one ConfigError naming unknown, missing or wrongly shaped parameters.
   """
-  arrays, original = _full_names(state, cfg.tie_output)
+  arrays, original = causal_lm_names(state, _PREFIX, _HEAD, f'{_PREFIX}embed_tokens.weight',
+                                     cfg.tie_output, drop=lambda name: bool(_BUFFER.search(name)))
   return params_from_table(
       _table(cfg), arrays, original, dtype=cfg.param_dtype,
       what=f'a LLaMA with {cfg.num_decoder_layers} layers and tie_word_embeddings={cfg.tie_output}')
@@ -242,71 +226,38 @@ def export_llama_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndar
   return state_from_table(table, get)
 
 
-# -- files ------------------------------------------------------------------------------------
-
-# safetensors dtype names -> numpy. bfloat16 (how most LLaMA checkpoints are stored) comes from
-# ml_dtypes: `safetensors.numpy` cannot read it.
-_SAFETENSORS_DTYPES = {
-    'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'I64': np.int64, 'I32': np.int32,
-    'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_
-}
-
-
-def load_safetensors(path: str) -> dict[str, np.ndarray]:
-  """name -> array of one .safetensors file, bfloat16 included (read-only views of a memory map).
-
-  The format is an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
-  data_offsets}} and the raw little-endian tensor bytes.
-  """
-  import ml_dtypes
-  dtypes = dict(_SAFETENSORS_DTYPES, BF16=ml_dtypes.bfloat16)
-  try:
-    with open(path, 'rb') as f:
-      (length,) = struct.unpack('<Q', f.read(8))
-      header = json.loads(f.read(length))
-    data = np.memmap(path, dtype=np.uint8, mode='r', offset=8 + length)
-    state = {}
-    for name, info in header.items():
-      if name == '__metadata__':
-        continue
-      if info['dtype'] not in dtypes:
-        raise DataError(f'{path}: tensor {name} has dtype {info["dtype"]}, which is not supported')
-      start, end = info['data_offsets']
-      state[name] = data[start:end].view(dtypes[info['dtype']]).reshape(info['shape'])
-    return state
-  except (OSError, ValueError, KeyError, struct.error) as e:
-    raise DataError(f'{path} is not a readable safetensors file ({e})') from None
-
-
-def read_llama_state_dict(directory: str) -> dict[str, np.ndarray]:
-  """name -> array from model.safetensors (single or sharded), else pytorch_model.bin."""
-  single = os.path.join(directory, 'model.safetensors')
-  index = os.path.join(directory, 'model.safetensors.index.json')
-  if os.path.exists(single):
-    return load_safetensors(single)
-  if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
-    state = {}
-    for name in files:
-      state.update(load_safetensors(os.path.join(directory, name)))
-    return state
-  return read_legacy_state_dict(directory)  # pytorch_model.bin, or one DataError naming both
-
-
 def load_hf_llama(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
   """(config, params) for the HF LLaMA checkpoint in `directory` (config.json + weights).
 
   `overrides` go to the config (e.g. max_len=512, param_dtype=jnp.bfloat16).
   """
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face LLaMA directory '
-                    '(config.json and model.safetensors)')
-  with open(config_path) as f:
-    cfg = llama_config_from_hf(json.load(f), **overrides)
-  params = convert_llama_state_dict(read_llama_state_dict(directory), cfg)
+  model = load(directory, **overrides)
+  return model.config, model.params
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF LLaMA folder `directory` (families.py's converter interface)."""
+  cfg = llama_config_from_hf(read_hf_config(directory, 'config.json and model.safetensors'),
+                             **overrides)
+  params = convert_llama_state_dict(read_state_dict(directory), cfg)
   logging.info('imported LLaMA from %s: %d layers, %d heads (%d key/value), width %d, vocab %d',
                directory, cfg.num_decoder_layers, cfg.num_heads, cfg.num_kv_heads, cfg.emb_dim,
                cfg.vocab_size)
-  return cfg, params
+  return HFModel(cfg, params)
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) (families.py's converter interface)."""
+  del heads, special_ids
+  return llama_config_to_hf, export_llama_state_dict
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the causal LM `cfg` is LLaMA's: rotary positions, RMSNorm or a gated
+  MLP (the exporter refuses the switches LLaMA lacks)."""
+  del byte_level
+  return cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu'
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = llama_config_from_hf

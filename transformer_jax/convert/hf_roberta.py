@@ -40,21 +40,19 @@ inverse, so round trips stay bitwise. HF's pad id is kept by the tokenizer (`hf_
 written to config.json on export.
 """
 
-import json
-import os
 from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_bert import _bare_names as _bert_bare_names
-from transformer_jax.convert.hf_bert import (_ACTIVATIONS, _HF_ACTIVATIONS, _table, bert_heads,
+from transformer_jax.convert.hf_bert import bare_names as _bert_bare_names
+from transformer_jax.convert.hf_bert import (ACTIVATIONS, HF_ACTIVATIONS, encoder_table, bert_heads,
                                              check_bert_expressible)
-from transformer_jax.convert.hf_gpt2 import read_state_dict
+from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
 from transformer_jax.convert.name_table import (ParamReader, Table, params_from_table, same,
                                                 state_from_table, transpose)
 from transformer_jax.data.roberta_tokenizer import RobertaTokenizer, swap_ids
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import roberta_config
 
@@ -97,9 +95,9 @@ def roberta_config_from_hf(hf_config: Mapping[str, Any],
     }.get(model_type, "; only 'roberta' is read here")
     raise ConfigError(f'config.json has model_type={model_type!r}{hint}')
   activation = c.get('hidden_act', 'gelu')
-  if activation not in _ACTIVATIONS:
+  if activation not in ACTIVATIONS:
     raise ConfigError(f'config.json hidden_act={activation!r} is not supported; supported: '
-                      f'{sorted(_ACTIVATIONS)}')
+                      f'{sorted(ACTIVATIONS)}')
   if c.get('position_embedding_type', 'absolute') != 'absolute':
     raise ConfigError(f"config.json position_embedding_type={c['position_embedding_type']!r} "
                       "is not supported (need 'absolute')")
@@ -113,7 +111,7 @@ def roberta_config_from_hf(hf_config: Mapping[str, Any],
                   num_heads=int(c['num_attention_heads']), mlp_dim=int(c['intermediate_size']),
                   num_encoder_layers=int(c['num_hidden_layers']), max_len=table_rows - pad - 1,
                   norm_epsilon=float(c.get('layer_norm_eps',
-                                           1e-12)), activation=_ACTIVATIONS[activation],
+                                           1e-12)), activation=ACTIVATIONS[activation],
                   dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
                   attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
                   embed_init_std=float(c.get('initializer_range', 0.02)))
@@ -138,7 +136,7 @@ def _roberta_table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pa
   HF): BERT's encoder table with RoBERTa's positions, renumbered ids and heads."""
   e, offset = cfg.emb_dim, pad_id + 1
   # BERT's encoder and pooler (RoBERTa's layers have BERT's names), no BERT heads.
-  table = _table(cfg, type_vocab_size, cfg.num_encoder_layers, {}, pooler=pooler)
+  table = encoder_table(cfg, type_vocab_size, cfg.num_encoder_layers, {}, pooler=pooler)
   table[_WORDS] = (('token_embed', 'embedding'), (cfg.vocab_size, e),
                    lambda w: _swap_rows(w, pad_id), lambda w: _swap_rows(w, pad_id))
   table[_POSITIONS] = (('input_embedding', 'position_embedding', 'embedding'),
@@ -162,7 +160,7 @@ def _roberta_table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pa
 
 
 def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file), as `hf_bert._bare_names`: no
+  """(bare name -> array, bare name -> name in the file), as `hf_bert.bare_names`: no
   'roberta.' prefix, buffers and the tied LM decoder dropped (refused if it is not tied)."""
   return _bert_bare_names(state, _PREFIX, head='lm_head.')
 
@@ -205,12 +203,15 @@ def load_hf_roberta(directory: str, **overrides):
   `load_hf_bert`: `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}, the
   `Bert` attributes matching the weights; `tokenizer` is a `RobertaTokenizer` in our id space.
   """
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face RoBERTa directory '
-                    '(config.json, model.safetensors, tokenizer.json or vocab.json + merges.txt)')
-  with open(config_path, encoding='utf-8') as f:
-    hf_config = json.load(f)
+  model = load(directory, **overrides)
+  return model.config, model.params, model.tokenizer, model.heads
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF RoBERTa folder `directory` with its tokenizer in our id space (families.py's
+  converter interface)."""
+  hf_config = read_hf_config(
+      directory, 'config.json, model.safetensors, tokenizer.json or vocab.json + merges.txt')
   cfg, type_vocab_size = roberta_config_from_hf(hf_config, **overrides)
   pad = roberta_pad_id(hf_config)
   state = read_state_dict(directory)
@@ -225,7 +226,7 @@ def load_hf_roberta(directory: str, **overrides):
                       f'config.json says vocab_size={cfg.vocab_size}')
   logging.info('imported RoBERTa from %s: %d layers, %d heads, width %d, vocab %d, heads %s',
                directory, cfg.num_encoder_layers, cfg.num_heads, cfg.emb_dim, cfg.vocab_size, heads)
-  return cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size)
+  return HFModel(cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size))
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def roberta_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 1, mlm: 
       'model_type': 'roberta', 'architectures': [architecture], 'vocab_size': cfg.vocab_size,
       'hidden_size': cfg.emb_dim, 'num_hidden_layers': cfg.num_encoder_layers,
       'num_attention_heads': cfg.num_heads, 'intermediate_size': cfg.mlp_dim,
-      'hidden_act': _HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
+      'hidden_act': HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
       'attention_probs_dropout_prob': cfg.attention_dropout_rate,
       'max_position_embeddings': cfg.max_len + pad_token_id + 1,
       'type_vocab_size': int(type_vocab_size), 'initializer_range': cfg.embed_init_std or 0.02,
@@ -303,3 +304,29 @@ def export_roberta_state_dict(cfg: TransformerConfig, params,
   state = state_from_table(table, ParamReader(params, 'RoBERTa'))
   return {('' if name.startswith(('lm_head.', 'classifier.')) else prefix) + name: value
           for name, value in state.items()}
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) for params holding `heads` (families.py's converter
+  interface). `special_ids`: config.json's pad/bos/eos ids in HF's numbering, as
+  `TokenizerFiles.special_ids` of a `RobertaTokenizer` gives them (RoBERTa's own by default);
+  the pad id also places the position rows and the swapped word embedding rows."""
+  heads = dict(heads or {})
+  ids = {
+      k: int(v)
+      for k, v in (special_ids or {}).items()
+      if k in ('pad_token_id', 'bos_token_id', 'eos_token_id')
+  }
+  pad = ids.get('pad_token_id', 1)
+  return (lambda cfg: roberta_config_to_hf(cfg, **heads, **ids),
+          lambda cfg, params: export_roberta_state_dict(cfg, params, pad))
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the encoder `cfg` is RoBERTa's: byte-level BPE ids."""
+  del cfg
+  return byte_level
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = roberta_config_from_hf

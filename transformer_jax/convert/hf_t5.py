@@ -19,8 +19,6 @@ so. `load_hf_t5` follows the same rules. Our PAD_ID 0 and EOS_ID 1 are T5's pad 
 `shift_right` starts the decoder with 0, T5's decoder_start_token_id.
 """
 
-import json
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -29,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_gpt2 import read_state_dict
+from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
 from transformer_jax.convert.name_table import params_from_table, params_to_numpy, same
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE, EncoderDecoder
 from transformer_jax.special_tokens import EOS_ID, PAD_ID
@@ -257,12 +255,14 @@ def load_hf_t5(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
   tied follows the weights as in transformers 5: an `lm_head.weight` different from the
   embedding is an untied head, none is the tied one.
   """
-  config_path = os.path.join(directory, 'config.json')
-  if not os.path.exists(config_path):
-    raise DataError(f'{config_path} does not exist: expected a Hugging Face T5 directory '
-                    '(config.json and model.safetensors)')
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  model = load(directory, **overrides)
+  return model.config, model.params
+
+
+def load(directory: str, **overrides) -> HFModel:
+  """The HF T5 folder `directory` (families.py's converter interface; the SentencePiece
+  tokenizer is the caller's to load: `data/t5_tokenizer.py`)."""
+  hf_config = read_hf_config(directory, 'config.json and model.safetensors')
   cfg = t5_config_from_hf(hf_config, **overrides)  # (refuses another family before reading)
   state = read_state_dict(directory)
   if 'tie_output' not in overrides:
@@ -277,7 +277,7 @@ def load_hf_t5(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
                directory, cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.num_heads,
                cfg.head_dim, cfg.emb_dim, cfg.vocab_size, cfg.activation,
                'tied output' if cfg.tie_output else 'untied output')
-  return cfg, params
+  return HFModel(cfg, params)
 
 
 def t5_config_to_hf(cfg: TransformerConfig) -> dict:
@@ -336,3 +336,39 @@ def export_t5_state_dict(cfg: TransformerConfig, params: Mapping[str, Any]) -> S
     value = np.asarray(node, np.float32)
     state[name] = np.ascontiguousarray(value.reshape(shape[::-1]).T if linear else value)
   return state
+
+
+def exporters(heads: dict | None = None, special_ids: dict | None = None):
+  """(config_to_hf, export_state_dict) (families.py's converter interface). The decoder starts
+  from PAD (`models/encoder_decoder.shift_right`), as T5's own config.json says."""
+  del heads, special_ids
+
+  def config_to_hf(cfg: TransformerConfig) -> dict:
+    config = t5_config_to_hf(cfg)
+    if config.get('decoder_start_token_id') is None:
+      config['decoder_start_token_id'] = PAD_ID
+    return config
+
+  return config_to_hf, export_t5_state_dict
+
+
+# The switches of T5 that the original Transformer (or another translation model) may lack; the
+# exporter checks the rest itself.
+_T5_SWITCHES = dict(position='relative', norm_type='rmsnorm', norm_position='pre', use_bias=False)
+
+
+def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
+  """Whether an export of the encoder-decoder `cfg` is T5's; one ConfigError line naming the
+  first switch T5 lacks otherwise (no other family here computes an encoder-decoder)."""
+  del byte_level
+  for name, want in _T5_SWITCHES.items():
+    if getattr(cfg, name) != want:
+      t5 = ', '.join(f'{k}={v!r}' for k, v in _T5_SWITCHES.items())
+      raise ConfigError(f'no Hugging Face class computes this translation model: {name}='
+                        f'{getattr(cfg, name)!r} has no equivalent (the original Transformer '
+                        f'has none; T5 needs {t5})')
+  return True
+
+
+# families.py's converter interface: our config of a config.json dict.
+config_from_hf = t5_config_from_hf

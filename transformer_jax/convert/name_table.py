@@ -8,7 +8,8 @@ and this module does the rest in both directions, so the importers and exporters
 families check and name bad tensors the same way:
 
 - `canonical_names`: a state dict's names made the table's (a prefix stripped or added,
-  buffers dropped), refusing a name present both with and without the prefix.
+  buffers dropped), refusing a name present both with and without the prefix;
+  `causal_lm_names` for the causal LMs whose head may be tied to the embedding.
 - `check_state`: one ConfigError line naming unknown, missing or mis-shaped tensors.
 - `params_from_table`: the checks, then our nested param dict (import).
 - `ParamReader` / `state_from_table`: our params read by path and written under HF names,
@@ -57,6 +58,22 @@ def canonical_names(state: Mapping[str, Any], canonical: Callable[[str], str], p
     if key in arrays:
       raise ConfigError(f'checkpoint holds {name} both with and without the {prefix!r} prefix')
     arrays[key], original[key] = np.asarray(value), name
+  return arrays, original
+
+
+def causal_lm_names(state: Mapping[str,
+                                   Any], prefix: str, head: str, embedding: str, tie_output: bool,
+                    drop: Callable[[str], bool] = lambda name: False) -> tuple[dict, dict]:
+  """`canonical_names` of a causal LM's state dict (LLaMA, OPT): names of a bare base model get
+  the `prefix` its ...ForCausalLM class writes, buffers (`drop`) go, and a tied `head` goes too:
+  it must equal the `embedding` (one ConfigError line if it differs)."""
+  full = lambda name: name if name.startswith(prefix) or name == head else prefix + name
+  arrays, original = canonical_names(state, full, prefix, drop=drop)
+  if tie_output and head in arrays:
+    weight, table = arrays.pop(head), arrays.get(embedding)
+    if table is not None and not np.array_equal(np.asarray(weight), np.asarray(table)):
+      raise ConfigError(f'{head} differs from {embedding} but config.json says '
+                        'tie_word_embeddings=true; set it to false to import the separate head')
   return arrays, original
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from absl import logging
 
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.files import write_atomically
+from transformer_jax.files import read_json_object, write_atomically
 
 # GPT-2's one special token: it ends every document and starts every generation.
 GPT2_EOS = '<|endoftext|>'
@@ -42,17 +42,6 @@ _CONVENTIONAL = {'eos': (GPT2_EOS, '</s>'), 'bos': (GPT2_EOS, '<s>'), 'pad': (),
 def _first_line(error: Exception) -> str:
   text = str(error).strip()
   return text.splitlines()[0] if text else type(error).__name__
-
-
-def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding='utf-8') as f:
-      data = json.load(f)
-  except (OSError, ValueError) as e:
-    raise DataError(f'cannot read {path}: {_first_line(e)}') from None
-  if not isinstance(data, dict):
-    raise DataError(f'{path} is not a JSON object')
-  return data
 
 
 def _token_content(value) -> str | None:
@@ -187,7 +176,7 @@ class HFTokenizer:
     for file in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
       path = os.path.join(directory, file)
       if os.path.exists(path):
-        data = _read_json(path)
+        data = read_json_object(path)
         for kind in _KINDS:
           content = _token_content(data.get(f'{kind}_token'))
           if kind not in names and content is not None:
@@ -211,7 +200,7 @@ class HFTokenizer:
                         name)
     config_path = os.path.join(directory, MODEL_CONFIG)
     if os.path.exists(config_path):
-      config = _read_json(config_path)
+      config = read_json_object(config_path)
       for kind in _KINDS:
         value = config.get(f'{kind}_token_id')
         if isinstance(value, list):  # LLaMA 3 lists several EOS ids: the first is the text end
@@ -350,7 +339,7 @@ def _load_gpt2_files(vocab_path: str, merges_path: str, names: dict[str, str]):
       other = MERGES_TXT if path == vocab_path else VOCAB_JSON
       raise DataError(f'{path} is missing (a GPT-2 tokenizer is {VOCAB_JSON} + {MERGES_TXT}; '
                       f'{other} is there)')
-  _read_json(vocab_path)  # a one-line error naming the file if it is not JSON
+  read_json_object(vocab_path)  # a one-line error naming the file if it is not JSON
   try:
     with open(merges_path, encoding='utf-8') as f:
       f.read(1)

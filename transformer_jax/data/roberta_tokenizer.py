@@ -15,7 +15,7 @@ from absl import logging
 
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.files import write_atomically
+from transformer_jax.files import read_json_object, write_atomically
 
 # RoBERTa's special tokens, in the order of its vocabulary (<mask> is the last id of
 # roberta-base's, the fifth of a vocabulary trained here).
@@ -35,17 +35,6 @@ def swap_ids(ids, pad_id: int):
   return np.where(ids == 0, pad_id, np.where(ids == pad_id, 0, ids)).astype(ids.dtype)
 
 
-def _read_json_object(path: str) -> dict:
-  try:
-    with open(path, encoding='utf-8') as f:
-      data = json.load(f)
-  except (OSError, ValueError) as e:
-    raise DataError(f'cannot read {path}: {e}') from None
-  if not isinstance(data, dict):
-    raise DataError(f'{path} is not a JSON object')
-  return data
-
-
 def _special_names(directory: str) -> dict[str, str]:
   """kind ('bos', 'cls', 'mask', ...) -> token text from tokenizer_config.json, else
   special_tokens_map.json, else RoBERTa's."""
@@ -53,7 +42,7 @@ def _special_names(directory: str) -> dict[str, str]:
   for file in (_TOKENIZER_CONFIG, _SPECIAL_TOKENS_MAP):
     path = os.path.join(directory, file)
     if os.path.exists(path):
-      data = _read_json_object(path)
+      data = read_json_object(path)
       for kind in _TOKEN_DEFAULTS:
         value = data.get(f'{kind}_token')
         value = value.get('content') if isinstance(value, dict) else value

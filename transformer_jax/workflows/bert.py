@@ -14,7 +14,7 @@ row, with 'inputs_segment_ids' and 'inputs_positions' ('none' and 'full_sentence
 NSP/SOP head reads one [CLS] per row; 'full_sentences' then keeps every example inside one
 document, RoBERTa's DOC-SENTENCES without the padding).
 Fine-tuning (config.mode='finetune'): SST-2-style sentence classification starting from an HF
-checkpoint (init.hf_dir: config.json's model_type 'bert' or 'roberta') or a pretraining workdir
+checkpoint (init.hf_dir: an encoder family of convert/families.py) or a pretraining workdir
 of ours (init.bert_workdir). Sentence pairs (GLUE RTE, MRPC, MNLI...): data.text_columns names
 two TSV columns, or data.tfds_name a GLUE pair task; segment ids 0 and 1. Not packed: the
 classifier reads each row's one [CLS] (data.pack=True is refused).
@@ -41,7 +41,6 @@ TRAIN_MODES = ('pretrain', 'finetune')
 MODES = TRAIN_MODES + ('predict', 'evaluate', 'fill_mask')
 PREDICTIONS_FILE = 'predictions.tsv'
 # HF model_types fine-tuning can start from (init.hf_dir), each read by its converter.
-HF_FAMILIES = ('bert', 'roberta')
 
 
 def _process():
@@ -302,23 +301,29 @@ def abstract_task(config, num_devices: int | None = None):
   }
 
 
-def hf_family(hf_dir: str) -> str:
-  """config.json's model_type of init.hf_dir if fine-tuning can start from it ('bert',
-  'roberta'), else one ConfigError line naming it. Reads config.json only."""
-  from transformer_jax.convert.hf_auto import read_model_type
+def hf_family(hf_dir: str):
+  """The encoder family (convert/families.py) of init.hf_dir if fine-tuning can start from it,
+  else one ConfigError line naming it. Reads config.json only."""
+  from transformer_jax.convert import families
   from transformer_jax.errors import DataError
+  tunable = [f.name for f in families.FAMILIES if f.kind == families.ENCODER and f.tokenizer]
   try:
-    model_type = read_model_type(hf_dir) or 'bert'  # BERT's oldest config.json files name none
+    family = families.of_directory(hf_dir)
   except DataError as e:
     raise ConfigError(f'init.hf_dir: {e}') from None
-  if model_type == 'albert':
-    raise ConfigError(f"init.hf_dir={hf_dir} is an ALBERT checkpoint (model_type='albert'): "
-                      'ALBERT fine-tuning starts from a pretraining workdir for now (set '
-                      '--config.init.hf_dir= --config.init.bert_workdir=DIR)')
-  if model_type not in HF_FAMILIES:
+  except ConfigError:
+    family = None
+  if family is None or family.kind != families.ENCODER:
+    model_type = families.model_type(hf_dir)
     raise ConfigError(f'init.hf_dir={hf_dir} has model_type={model_type!r}; fine-tuning starts '
-                      f'from {", ".join(HF_FAMILIES)} checkpoints')
-  return model_type
+                      f'from {", ".join(tunable)} checkpoints')
+  if not family.tokenizer:
+    name = family.name.upper()
+    raise ConfigError(f'init.hf_dir={hf_dir} is an {name} checkpoint (model_type='
+                      f'{families.model_type(hf_dir)!r}) whose tokenizer is not read here: {name} '
+                      'fine-tuning starts from a pretraining workdir for now (set '
+                      '--config.init.hf_dir= --config.init.bert_workdir=DIR)')
+  return family
 
 
 def init_model_config(config):
@@ -326,9 +331,7 @@ def init_model_config(config):
   import json
   init, overrides = config.init, dict(config.get('model', {}))
   if init.hf_dir:
-    from transformer_jax.convert.hf_bert import bert_config_from_hf
-    from transformer_jax.convert.hf_roberta import roberta_config_from_hf
-    from_hf = roberta_config_from_hf if hf_family(init.hf_dir) == 'roberta' else bert_config_from_hf
+    from_hf = hf_family(init.hf_dir).converter.config_from_hf
     with open(os.path.join(init.hf_dir, 'config.json'), encoding='utf-8') as f:
       cfg, types = from_hf(json.load(f))
     return with_overrides(cfg, overrides), types
@@ -361,12 +364,9 @@ def load_init(config):
   init = config.init
   overrides = dict(config.get('model', {}))
   if init.hf_dir:
-    if hf_family(init.hf_dir) == 'roberta':
-      from transformer_jax.convert.hf_roberta import load_hf_roberta as load
-    else:
-      from transformer_jax.convert.hf_bert import load_hf_bert as load
-    cfg, params, tokenizer, heads = load(init.hf_dir)
-    return with_overrides(cfg, overrides), params, tokenizer, heads['type_vocab_size']
+    model = hf_family(init.hf_dir).load(init.hf_dir)
+    return (with_overrides(model.config, overrides), model.params, model.tokenizer,
+            model.heads['type_vocab_size'])
   if init.bert_workdir:
     cfg, params, tokenizer = restore_pretrained(init.bert_workdir)
     types = segment_types(load_saved_config(init.bert_workdir))

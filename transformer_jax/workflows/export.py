@@ -34,37 +34,34 @@ import numpy as np
 from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
-from transformer_jax.convert.export import (check_out_dir, converters, tokenizer_files,
-                                            write_hf_directory)
+from transformer_jax.convert import families
+from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
-from transformer_jax.special_tokens import PAD_ID
 from transformer_jax.training.checkpointing import restore_params_only
 from transformer_jax.workflows import bert, lm, translation
 
-BERT_FAMILIES = ('bert', 'albert', 'roberta')
-# The switches of T5 (convert/hf_t5.py exports exactly these); the rest it checks itself.
-_T5_SWITCHES = dict(position='relative', norm_type='rmsnorm', norm_position='pre', use_bias=False)
 
-
-def experiment_of(config) -> str:
-  """'lm', 'bert' or 'translate': which experiment wrote a saved config."""
+def kind_of(config) -> str:
+  """The kind of model (convert/families.py) of the experiment that wrote a saved config:
+  experiments.lm a causal LM, experiments.bert an encoder, experiments.translate an
+  encoder-decoder."""
   data = config.get('data') or {}
   if config.get('mode') in bert.MODES:
-    return 'bert'
+    return families.ENCODER
   if 'block_size' in data:
-    return 'lm'
+    return families.CAUSAL_LM
   if 'batch_tokens' in data:
-    return 'translate'
+    return families.ENCODER_DECODER
   raise ConfigError('the workdir config is not one experiments.lm, experiments.bert or '
                     'experiments.translate writes: nothing to export')
 
 
-def model_config(experiment: str, config, vocab_size: int):
+def model_config(kind: str, config, vocab_size: int):
   """(the model config the experiment's workflow builds with `vocab_size` entries, the number
   of segment ids of a BERT-family model, else None)."""
-  if experiment == 'lm':
+  if kind == families.CAUSAL_LM:
     return lm.model_config(config, vocab_size), None
-  if experiment == 'translate':  # one vocabulary (family_of checks tokenizer.joint)
+  if kind == families.ENCODER_DECODER:  # one vocabulary (family_of checks tokenizer.joint)
     return translation.model_config(config, vocab_size, vocab_size), None
   if config.mode == 'pretrain':
     return bert.pretrain_model_config(config, vocab_size), bert.segment_types(config)
@@ -79,38 +76,22 @@ def _byte_level_bert(config) -> bool:
   if config.mode == 'pretrain':
     return bert.tokenizer_type(config) == 'byte_bpe'
   if config.init.hf_dir:
-    return bert.hf_family(config.init.hf_dir) == 'roberta'
+    return bert.hf_family(config.init.hf_dir).byte_level
   if config.init.bert_workdir:
     return bert.tokenizer_type(load_saved_config(config.init.bert_workdir)) == 'byte_bpe'
   return False  # init_model_config has refused it already
 
 
-def family_of(experiment: str, cfg, config) -> str:
+def family_of(kind: str, cfg, config) -> families.Family:
   """The HF family that computes what `cfg` computes; ConfigError naming the switch that has
-  no HF equivalent (the family's `*_config_to_hf` then checks the rest)."""
-  if experiment == 'lm':
-    llama = cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu'
-    return 'llama' if llama else 'gpt2'
-  if experiment == 'bert':
-    byte_level = _byte_level_bert(config)
-    if cfg.embedding_size is not None or cfg.share_layers:
-      if byte_level:
-        raise ConfigError('an ALBERT (embedding_size or share_layers set) with RoBERTa\'s '
-                          'byte-level BPE has no Hugging Face class: ALBERT tokenizers number '
-                          'their ids as WordPiece does (pretrain with tokenizer.type=wordpiece)')
-      return 'albert'
-    return 'roberta' if byte_level else 'bert'
-  for name, want in _T5_SWITCHES.items():
-    if getattr(cfg, name) != want:
-      t5 = ', '.join(f'{k}={v!r}' for k, v in _T5_SWITCHES.items())
-      raise ConfigError(f'no Hugging Face class computes this translation model: {name}='
-                        f'{getattr(cfg, name)!r} has no equivalent (the original Transformer '
-                        f'has none; T5 needs {t5})')
-  if not (bool(config.tokenizer.joint) and cfg.share_embeddings):
-    raise ConfigError('T5 has one vocabulary and embedding shared by encoder and decoder; this '
-                      'model was trained with tokenizer.joint=False or model.share_embeddings='
-                      'False')
-  return 't5'
+  no HF equivalent (the family's exporter then checks the rest)."""
+  family = families.exporting(kind, cfg, kind == families.ENCODER and _byte_level_bert(config))
+  if kind == families.ENCODER_DECODER and not (bool(config.tokenizer.joint) and
+                                               cfg.share_embeddings):
+    raise ConfigError(f'{family.name} has one vocabulary and embedding shared by encoder and '
+                      'decoder; this model was trained with tokenizer.joint=False or '
+                      'model.share_embeddings=False')
+  return family
 
 
 def _expected_heads(config, type_vocab_size: int) -> dict:
@@ -123,19 +104,19 @@ def _expected_heads(config, type_vocab_size: int) -> dict:
               num_labels=int(config.data.num_labels))
 
 
-def load_tokenizer(experiment: str, config, workdir: str):
+def load_tokenizer(kind: str, config, workdir: str):
   """The workdir's tokenizer, as its workflow loads it (never trained here)."""
-  if experiment == 'lm':
+  if kind == families.CAUSAL_LM:
     return lm.load_tokenizer(config, workdir)
-  if experiment == 'translate':  # joint (family_of checked): the target's is the vocabulary
+  if kind == families.ENCODER_DECODER:  # joint (family_of checked): the target's is the vocabulary
     return translation.load_tokenizers(config, workdir)[1]
   if config.mode == 'pretrain':
     return bert.pretrain_tokenizer(config, workdir)
   return bert.finetune_tokenizer(config, workdir)
 
 
-def _embedding_rows(experiment: str, params: dict) -> int:
-  name = 'target_embed' if experiment == 'translate' else 'token_embed'
+def _embedding_rows(kind: str, params: dict) -> int:
+  name = 'target_embed' if kind == families.ENCODER_DECODER else 'token_embed'
   try:
     return int(np.shape(params[name]['embedding'])[0])
   except (KeyError, TypeError):
@@ -144,8 +125,8 @@ def _embedding_rows(experiment: str, params: dict) -> int:
 
 
 def export_workdir(workdir: str, out_dir: str) -> str:
-  """Writes the HF directory of a trained workdir to `out_dir`; returns the family
-  ('gpt2', 'llama', 'bert', 'albert', 'roberta' or 't5').
+  """Writes the HF directory of a trained workdir to `out_dir`; returns the family's name
+  (convert/families.py).
 
   The family and the config's HF expressibility are settled from config.json before any
   weight is read; then the tokenizer and the latest checkpoint's params are read and written.
@@ -160,36 +141,33 @@ def export_workdir(workdir: str, out_dir: str) -> str:
     raise ConfigError(f'--workdir {workdir} does not exist')
   out_dir = check_out_dir(out_dir)
   config = load_saved_config(workdir)
-  experiment = experiment_of(config)
+  kind = kind_of(config)
   # Checked with a stand-in vocabulary: the switches, not the sizes, decide what HF expresses.
-  draft, type_vocab_size = model_config(experiment, config,
+  draft, type_vocab_size = model_config(kind, config,
                                         int((config.get('tokenizer') or {}).get('vocab_size', 256)))
-  family = family_of(experiment, draft, config)
-  bert_like = family in BERT_FAMILIES
-  to_hf, _ = converters(family, _expected_heads(config, type_vocab_size) if bert_like else None)
+  family = family_of(kind, draft, config)
+  encoder = family.kind == families.ENCODER
+  to_hf, _ = family.exporters(_expected_heads(config, type_vocab_size) if encoder else None)
   to_hf(draft)
-  files = tokenizer_files(load_tokenizer(experiment, config, workdir), draft.max_len)
+  files = tokenizer_files(load_tokenizer(kind, config, workdir), draft.max_len)
   params = restore_params_only(os.path.join(workdir, 'checkpoints'))
-  rows = _embedding_rows(experiment, params)
-  cfg, _ = model_config(experiment, config, rows)
+  rows = _embedding_rows(kind, params)
+  cfg, _ = model_config(kind, config, rows)
   if files.vocab_size > rows:
     raise ConfigError(f'the tokenizer has {files.vocab_size} tokens but the model embedding '
                       f'has {rows} rows: ids >= {rows} would have no embedding')
   heads = None
-  if bert_like:
+  if encoder:
     from transformer_jax.convert.hf_bert import bert_heads
     heads = bert_heads(params)
-  to_hf, export_state_dict = converters(family, heads, files.special_ids)
+  to_hf, export_state_dict = family.exporters(heads, files.special_ids)
   hf_config = to_hf(cfg)
   for key, value in files.special_ids.items():
     if hf_config.get(key) is None:
       hf_config[key] = value
-  if family == 't5':
-    if hf_config.get('decoder_start_token_id') is None:
-      hf_config['decoder_start_token_id'] = PAD_ID  # models/encoder_decoder.shift_right
-    prefix = config.data.get('source_prefix', '')
-    if prefix:  # text-to-text: where T5 checkpoints keep the prefix their sources need
-      hf_config['task_specific_params'] = {'translation': {'prefix': prefix}}
+  prefix = config.data.get('source_prefix', '') if kind == families.ENCODER_DECODER else ''
+  if prefix:  # text-to-text: where T5 checkpoints keep the prefix their sources need
+    hf_config['task_specific_params'] = {'translation': {'prefix': prefix}}
   write_hf_directory(out_dir, hf_config, export_state_dict(cfg, params), files.write)
-  logging.info('exported %s (%s) to %s', workdir, family, out_dir)
-  return family
+  logging.info('exported %s (%s) to %s', workdir, family.name, out_dir)
+  return family.name

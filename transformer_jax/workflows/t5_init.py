@@ -162,7 +162,7 @@ def _pretrained_workdir_config(path: str):
 
 def _hf_model_config(path: str) -> TransformerConfig:
   """The model init.hf_dir's config.json describes (ConfigError unless it is a T5)."""
-  from transformer_jax.convert import hf_t5
+  from transformer_jax.convert import families
   if not os.path.isdir(path):
     raise ConfigError(f'init.hf_dir {path} does not exist: give a Hugging Face T5 directory '
                       '(config.json, model.safetensors, tokenizer.json or spiece.model)')
@@ -174,11 +174,15 @@ def _hf_model_config(path: str) -> TransformerConfig:
       hf_config = json.load(f)
   except (OSError, ValueError) as e:
     raise ConfigError(f'cannot read {config_path}: {e}') from None
-  if not isinstance(hf_config, dict) or hf_config.get('model_type') != 't5':
-    found = hf_config.get('model_type') if isinstance(hf_config, dict) else None
+  found = hf_config.get('model_type') if isinstance(hf_config, dict) else None
+  try:
+    family = families.of_model_type(str(found or ''), families.ENCODER_DECODER)
+  except ConfigError:
     raise ConfigError(f'init.hf_dir {path} is not a T5: config.json has model_type={found!r}, '
-                      "fine-tuning needs 't5' (a T5ForConditionalGeneration checkpoint)")
-  return hf_t5.t5_config_from_hf(hf_config)
+                      'fine-tuning needs one of '
+                      f'{", ".join(families.names(families.ENCODER_DECODER))} (a '
+                      'T5ForConditionalGeneration checkpoint)') from None
+  return family.converter.config_from_hf(hf_config)
 
 
 def _with_workdir_source(config, saved, vocab_size: int):
