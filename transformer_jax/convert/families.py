@@ -67,6 +67,7 @@ class Family:
 FAMILIES = (
     Family('gpt2', CAUSAL_LM, 'transformer_jax.convert.hf_gpt2', ('gpt2',)),
     Family('llama', CAUSAL_LM, 'transformer_jax.convert.hf_llama', ('llama',)),
+    Family('opt', CAUSAL_LM, 'transformer_jax.convert.hf_opt', ('opt',)),
     Family('bert', ENCODER, 'transformer_jax.convert.hf_bert', ('bert',), tokenizer=True),
     Family('albert', ENCODER, 'transformer_jax.convert.hf_albert', ('albert',)),
     Family('roberta', ENCODER, 'transformer_jax.convert.hf_roberta', ('roberta',), byte_level=True,
