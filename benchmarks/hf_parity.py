@@ -58,7 +58,7 @@ from transformer_jax.errors import ConfigError, UserError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The order of a full run; optional families join only where their converter module exists.
-FAMILIES = ('gpt2', 'llama', 't5_v1_0', 't5_v1_1', 'bert')
+FAMILIES = ('gpt2', 'llama', 'opt', 't5_v1_0', 't5_v1_1', 'bert')
 OPTIONAL_FAMILIES = {'albert': 'hf_albert', 'roberta': 'hf_roberta'}
 # What the parity tests accept in float32 (tests/test_hf_*_parity.py).
 TOLERANCE = 1e-4
@@ -226,6 +226,28 @@ def run_llama(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   to_hf = functools.partial(hf_llama.llama_config_to_hf, bos_token_id=1, eos_token_id=2)
   return _causal_lm('llama', model, hf_llama.load_hf_llama, to_hf, hf_llama.export_llama_state_dict,
                     root, seed, quick, new_tokens)
+
+
+def run_opt(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
+  """OPT, read and written through the registry (convert/families.py) as a new family is."""
+  import torch
+  import transformers
+  from transformer_jax.convert import families
+  torch.manual_seed(seed)
+  config = transformers.OPTConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, ffn_dim=128,
+                                  num_attention_heads=4, max_position_embeddings=128, dropout=0.0,
+                                  attention_dropout=0.0, activation_function='relu', bos_token_id=2,
+                                  eos_token_id=2, pad_token_id=1)
+  model = perturb(transformers.OPTForCausalLM(config), seed, scale=0.2)
+  family = families.named('opt')
+  to_hf, export_state = family.exporters(
+      special_ids={'bos_token_id': 2, 'eos_token_id': 2, 'pad_token_id': 1})
+
+  def load(directory):
+    imported = family.load(directory)
+    return imported.config, imported.params
+
+  return _causal_lm('opt', model, load, to_hf, export_state, root, seed, quick, new_tokens)
 
 
 # -- T5 -------------------------------------------------------------------------------------------
@@ -488,8 +510,9 @@ def run_roberta(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   import torch
   import transformers
   from transformer_jax.convert import hf_roberta
+  from transformer_jax.data.roberta_tokenizer import SPECIAL_TOKENS
   torch.manual_seed(seed)
-  specials = list(hf_roberta.SPECIAL_TOKENS)  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4
+  specials = list(SPECIAL_TOKENS)  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4
   config = transformers.RobertaConfig(
       vocab_size=len(specials) + 256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
       intermediate_size=128, max_position_embeddings=42, type_vocab_size=1, hidden_dropout_prob=0.0,
@@ -524,6 +547,7 @@ def _byte_level_vocabulary(directory: str, specials: list[str]) -> None:
 RUNNERS: dict[str, Callable[..., dict]] = {
     'gpt2': run_gpt2,
     'llama': run_llama,
+    'opt': run_opt,
     't5_v1_0': functools.partial(run_t5, '1.0'),
     't5_v1_1': functools.partial(run_t5, '1.1'),
     'bert': run_bert,

@@ -51,6 +51,6 @@ def test_unknown_family_is_one_error_line():
   assert result.stdout == ''
   errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
   assert errors == [
-      "error: --families: unknown family 'gpt3'; known: gpt2,llama,t5_v1_0,t5_v1_1,bert,albert,"
-      'roberta'
+      "error: --families: unknown family 'gpt3'; known: gpt2,llama,opt,t5_v1_0,t5_v1_1,bert,"
+      'albert,roberta'
   ]
