@@ -49,6 +49,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.workflows import bert
 from transformer_jax.workflows import bert_use
+from transformer_jax.workflows import token_classification
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -129,6 +130,17 @@ def fill_mask(workdir: str) -> None:
   _write(out)
 
 
+def train(config, workdir: str, mode: str) -> dict:
+  """Pretraining or sentence-classification fine-tuning (workflows/bert.py), or for a tagging
+  config (data.task='token_classification') fine-tuning one label per word
+  (workflows/token_classification.py, which builds on workflows/bert.py: the choice is made
+  here, above both)."""
+  if (bert.train_mode(config, mode) == 'finetune' and
+      config.data.get('task', '') == token_classification.TASK):
+    return token_classification.finetune(config, workdir)
+  return bert.run(config, workdir, mode)
+
+
 def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {argv[1:]}; options are --flag=value')
@@ -159,7 +171,7 @@ def main(argv):
   if _CONFIG.value is None:
     raise ConfigError('--config is required, e.g. --config=experiments/configs/sst2_minilm.py')
   workdir = prepare_workdir(_WORKDIR.value)
-  results = bert.run(_CONFIG.value, workdir, mode)
+  results = train(_CONFIG.value, workdir, mode)
   logging.info('done: %s',
                {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()})
 

@@ -1,9 +1,10 @@
-"""The package is a stack of layers: no module imports from a layer above its own.
+"""The package is a stack of layers: no module imports from a layer above its own, and no two
+modules import each other.
 
 Every `import` and `from ... import` of transformer_jax in the package's source, including the
 ones inside functions (imported late to keep start-up cheap), is checked against the order
 below, the one transformer_jax/__init__.py and docs/architecture.md describe. Within one
-subpackage modules may import each other.
+subpackage modules may import each other, but not in a cycle: data flows one way there too.
 """
 
 import ast
@@ -44,18 +45,65 @@ def unit_of(dotted: str) -> str | None:
   return parts[1] if parts[0] == 'transformer_jax' and len(parts) > 1 else None
 
 
-def package_imports(path: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, imported unit) for every transformer_jax import in the file."""
+def absolute_imports(path: pathlib.Path) -> list[tuple[int, str, tuple[str, ...]]]:
+  """(line, module, names) for every absolute import in the file, inside functions too:
+  `from module import names`, or `import module` with no names."""
   found = []
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      if node.module == 'transformer_jax':  # from transformer_jax import x
-        found += [(node.lineno, alias.name) for alias in node.names]
-      elif unit_of(node.module):
-        found.append((node.lineno, unit_of(node.module)))
+      found.append((node.lineno, node.module, tuple(alias.name for alias in node.names)))
     elif isinstance(node, ast.Import):
-      found += [(node.lineno, unit_of(a.name)) for a in node.names if unit_of(a.name)]
+      found += [(node.lineno, alias.name, ()) for alias in node.names]
+  return found
+
+
+def package_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+  """(line, imported unit) for every transformer_jax import in the file."""
+  found = []
+  for line, module, names in absolute_imports(path):
+    if module == 'transformer_jax' and names:  # from transformer_jax import x
+      found += [(line, name) for name in names]
+    elif unit_of(module):
+      found.append((line, unit_of(module)))
   return sorted(found)
+
+
+def module_name(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> str:
+  """The dotted name a file of the package is imported by (a package by its __init__.py)."""
+  parts = path.relative_to(package.parent).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
+  """Each module of the package -> the modules of the package it imports by name.
+
+  `from p import m` names the module p.m when there is one, else p (its __init__.py). The
+  parent packages Python imports on the way are left out: an __init__.py that re-exports its
+  modules would otherwise close a loop with every module of its subpackage.
+  """
+  files = {module_name(p, package): p for p in package.rglob('*.py')}
+  graph = {}
+  for name, path in files.items():
+    imported = set()
+    for _, module, names in absolute_imports(path):
+      imported.update({f'{module}.{n}' if f'{module}.{n}' in files else module for n in names} or
+                      {module})
+    graph[name] = (imported & set(files)) - {name}
+  return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The groups of modules that reach each other through imports (sorted; one per group)."""
+  reach = {}
+  for start in graph:
+    seen, todo = set(), [start]
+    while todo:
+      for module in graph[todo.pop()] - seen:
+        seen.add(module)
+        todo.append(module)
+    reach[start] = seen
+  groups = {tuple(sorted(m for m in reach[start] if start in reach[m])) for start in graph}
+  return sorted(list(group) for group in groups if len(group) > 1)
 
 
 def modules():
@@ -85,3 +133,28 @@ def test_the_check_catches_an_upward_import(tmp_path):
   bad.write_text('def f():\n  from transformer_jax.training.trainer import Trainer\n'
                  'from transformer_jax import errors\n')
   assert package_imports(bad) == [(2, 'training'), (3, 'errors')]
+
+
+def test_no_import_cycles():
+  """No module imports another (directly or through a chain) that imports it back: the one
+  below must not need the one above; what picks between them belongs above both."""
+  cycles = import_cycles(import_graph())
+  assert not cycles, '\n'.join('import cycle: ' + ', '.join(group) for group in cycles)
+
+
+def test_the_check_catches_a_cycle(tmp_path):
+  """The checker itself: a -> b -> c -> a through a late import, by module and by package."""
+  package = tmp_path / 'transformer_jax'
+  (package / 'sub').mkdir(parents=True)
+  (package / '__init__.py').write_text('')
+  (package / 'sub' / '__init__.py').write_text('from transformer_jax.sub.b import g\n')
+  (package / 'sub' / 'a.py').write_text('from transformer_jax.sub import b\n')
+  (package / 'sub' / 'b.py').write_text('import transformer_jax.sub.c\n')
+  (package / 'sub' / 'c.py').write_text('def f():\n  from transformer_jax.sub.a import x\n')
+  (package / 'lone.py').write_text('from transformer_jax import sub\nimport os\n')
+  graph = import_graph(package)
+  assert graph['transformer_jax.lone'] == {'transformer_jax.sub'}
+  assert graph['transformer_jax.sub'] == {'transformer_jax.sub.b'}
+  assert import_cycles(graph) == [[
+      'transformer_jax.sub.a', 'transformer_jax.sub.b', 'transformer_jax.sub.c'
+  ]]

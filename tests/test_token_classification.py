@@ -100,6 +100,22 @@ def test_malformed_file_is_one_error_line_naming_file_and_line(tmp_path):
   assert not workdir.exists()
 
 
+def test_tagging_is_not_bert_run_and_is_not_packed(tmp_path):
+  """workflows/bert.run refuses a tagging config (experiments.bert picks the tagger, above
+  both workflows); the tagger refuses data.pack=True as experiments.bert always did."""
+  from transformer_jax.errors import ConfigError
+  from transformer_jax.workflows import bert
+  config = conll_tagging.get_config()
+  config.data.train = config.data.dev = str(tmp_path / 'unused.conll')
+  workdir = tmp_path / 'work'
+  with pytest.raises(ConfigError, match='token_classification.finetune'):
+    bert.run(config, str(workdir), 'finetune')
+  config.data.pack = True
+  with pytest.raises(ConfigError, match='fine-tuning is not packed'):
+    token_classification.finetune(config, str(workdir))
+  assert not workdir.exists()
+
+
 def _write_conll(path, rng, sentences):
   lines = []
   for _ in range(sentences):

@@ -290,7 +290,7 @@ def abstract_task(config, num_devices: int | None = None):
     return task, shapes
   from transformer_jax.tasks.bert import BertClassificationTask
   validation.require_keys(config, 'data', ('max_len', 'batch_size', 'num_labels'))
-  _refuse_packed_finetuning(config)
+  refuse_packed_finetuning(config)
   cfg, type_vocab_size = init_model_config(config)
   if length > cfg.max_len:
     raise ConfigError(f'data.max_len={length} exceeds the model position table ({cfg.max_len})')
@@ -456,7 +456,7 @@ def label_names(config, num_labels: int) -> tuple[str, ...]:
   return names or tuple(str(i) for i in range(num_labels))
 
 
-def _refuse_packed_finetuning(config):
+def refuse_packed_finetuning(config):
   if packed(config):
     raise ConfigError('data.pack=True is for pretraining only: fine-tuning is not packed (the '
                       'classifier reads one [CLS] per row, one example per row); set '
@@ -466,7 +466,7 @@ def _refuse_packed_finetuning(config):
 def validate_finetune(config):
   """The checks of a fine-tuning run that need no data; the pretrained model's position table
   is checked against data.max_len once it is loaded, still before anything is written."""
-  _refuse_packed_finetuning(config)
+  refuse_packed_finetuning(config)
   validation.require_keys(config, 'data', ('source', 'max_len', 'batch_size', 'num_labels'))
   validation.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
   validation.check_training(config, int(config.data.batch_size))
@@ -518,16 +518,25 @@ def finetune(config, workdir: str) -> dict:
   return results
 
 
-def run(config, workdir: str, mode: str = '') -> dict:
+def train_mode(config, mode: str = '') -> str:
+  """The training mode: `mode` (--mode) if given, else config.mode; one of TRAIN_MODES."""
   mode = mode or config.get('mode', '')
   if mode not in TRAIN_MODES:
     raise ConfigError(f'mode must be one of {TRAIN_MODES} (--mode or config.mode), got {mode!r}')
+  return mode
+
+
+def run(config, workdir: str, mode: str = '') -> dict:
+  """Pretrains, or fine-tunes on sentence classification, per `mode` or config.mode.
+
+  A tagging config (data.task='token_classification') is refused: workflows/
+  token_classification.py fine-tunes it with this module's functions, so this module cannot
+  call it; experiments/bert.py, above both, picks between them.
+  """
+  mode = train_mode(config, mode)
   if mode == 'pretrain':
     return pretrain(config, workdir)
-  _refuse_packed_finetuning(config)  # token classification included
   if config.data.get('task', '') == 'token_classification':
-    # One label per word (CoNLL files): its own data, task and head on the same fine-tuning
-    # path (imported here: workflows/token_classification.py builds on this module).
-    from transformer_jax.workflows import token_classification
-    return token_classification.finetune(config, workdir)
+    raise ConfigError('data.task=token_classification is fine-tuned by '
+                      'workflows/token_classification.finetune (experiments.bert picks it)')
   return finetune(config, workdir)

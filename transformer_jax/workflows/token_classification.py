@@ -27,6 +27,7 @@ LABELS_FILE = 'labels.txt'
 
 def validate(config):
   """The checks that need no data or model, before anything is read or written."""
+  bert.refuse_packed_finetuning(config)  # one example per row, as in sentence classification
   validation.require_keys(config, 'data', ('train', 'dev', 'max_len', 'batch_size'))
   validation.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
   for split in ('train', 'dev'):
