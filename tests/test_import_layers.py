@@ -21,6 +21,7 @@ LEVELS = {
     'special_tokens': 0,
     'xla_options': 0,
     'chips': 0,  # accelerator chips' public figures: the planner's targets and the MFU peak
+    'sections': 0.5,  # typed config sections (errors only); read by parallel, training, cli
     'precision': 0.5,  # between errors and model_config, which resolves model.matmul_dtype
     'model_config': 1,
     'flops': 1,  # model FLOPs and the MFU peak: used by tasks, the trainer and the planner

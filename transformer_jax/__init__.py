@@ -4,6 +4,7 @@ The subpackages are layers of one stack; each imports only from the ones below i
 (tests/test_import_layers.py checks this):
 
   errors, files, special_tokens, model_config   the base every layer shares
+  sections     typed config sections (train, mesh, distributed, optimizer), checked once
   precision    the CPU precision policy: bf16 matmuls where the CPU has bf16 units
   chips        TPU and NVIDIA GPU chips' public figures (peak, memory, bandwidth)
   flops        model FLOPs of a training step and the peaks MFU divides by

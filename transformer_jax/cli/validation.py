@@ -7,6 +7,7 @@ step, so a wrong config leaves the workdir untouched and fails in seconds with o
 """
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.sections import RunSections, Train
 
 TRAIN_KEYS = ('num_steps', 'eval_every', 'checkpoint_every', 'log_every')
 
@@ -25,9 +26,10 @@ def require_keys(config, section: str, keys: tuple[str, ...]):
 
 def check_training(config, global_batch: int | None = None, *, num_devices: int | None = None,
                    platform: str | None = None):
-  """train.* switches (the profile window too), the mesh against the devices, `global_batch`
-  rows (when the config fixes them) against data x fsdp and the accumulation steps, and a named
-  attention kernel against the platform.
+  """The sections every run has (sections.RunSections: train.* switches, mesh, distributed,
+  optimizer), the profile window, the mesh against the devices, `global_batch` rows (when the
+  config fixes them) against data x fsdp and the accumulation steps, and a named attention
+  kernel against the platform.
 
   By default the run is this job's: multi-host jobs are started first
   (`distributed.initialize`), so the device count is global, and the platform is jax's backend.
@@ -35,22 +37,16 @@ def check_training(config, global_batch: int | None = None, *, num_devices: int 
   topology a planner compiles for from a CPU host; with `num_devices` nothing is started.
   """
   require_keys(config, 'train', TRAIN_KEYS)
-  train = config.train
-  for key in TRAIN_KEYS:
-    if int(train[key]) < 0 or (key in ('num_steps', 'log_every') and int(train[key]) == 0):
-      raise ConfigError(f'train.{key} must be positive, got {train[key]}')
-  accumulation = int(train.get('accumulation_steps', 1))
-  if accumulation < 1:
-    raise ConfigError(f'train.accumulation_steps must be >= 1, got {accumulation}')
-  check_profile_steps(config)
+  run = RunSections.of(config)
+  check_profile_steps(run.train)
   from transformer_jax.parallel import sharding
   if num_devices is None:
     import jax
     from transformer_jax.parallel import distributed
     distributed.initialize(config)
     num_devices = jax.device_count()
-  mesh = config.get('mesh', None)
-  data, fsdp, _ = sharding.mesh_shape(dict(mesh or {'data': -1}), num_devices)
+  data, fsdp, _ = sharding.mesh_shape(run.mesh.as_dict(), num_devices)
+  accumulation = run.train.accumulation_steps
   if global_batch is not None and global_batch % (data * fsdp):
     raise ConfigError(f'batch of {global_batch} rows is not divisible by the data-parallel size '
                       f'{data * fsdp} (mesh data={data} x fsdp={fsdp} over {num_devices} '
@@ -65,16 +61,15 @@ def check_training(config, global_batch: int | None = None, *, num_devices: int 
                       "'xla' or 'reference'")
 
 
-def check_profile_steps(config):
+def check_profile_steps(train: Train):
   """train.profile_steps ('' or 'START:END', step indices) is well formed and inside the run's
   train.num_steps steps, so a profile asked for is not silently never taken."""
   from transformer_jax.training.profiling import profile_window
-  value = config.train.get('profile_steps', '')
-  window = profile_window(value)
-  num_steps = int(config.train.num_steps)
-  if window and window[1] > num_steps:
-    raise ConfigError(f'train.profile_steps={value!r} ends after the run: END must be <= '
-                      f'train.num_steps={num_steps} (steps are numbered 0..{num_steps - 1})')
+  window = profile_window(train.profile_steps)
+  if window and window[1] > train.num_steps:
+    raise ConfigError(f'train.profile_steps={train.profile_steps!r} ends after the run: END must '
+                      f'be <= train.num_steps={train.num_steps} (steps are numbered '
+                      f'0..{train.num_steps - 1})')
 
 
 def attention_kernel_unavailable(config, platform: str | None = None) -> str | None:

@@ -22,14 +22,13 @@ import jax
 from absl import logging
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.sections import Distributed, section_of
 
-MODES = ('auto', 'on', 'off')
 
-
-def _setting(section, key: str, env: str, cast):
+def _setting(section: Distributed, key: str, env: str, cast):
   """config.distributed.<key> if set (non-empty, non-negative), else $env, else None."""
-  value = section.get(key, None) if section is not None else None
-  if value in (None, '') or (isinstance(value, int) and value < 0):
+  value = getattr(section, key)
+  if value == '' or (isinstance(value, int) and value < 0):
     value = os.environ.get(env) or None
   if value is None:
     return None
@@ -57,10 +56,8 @@ def initialize(config=None) -> bool:
   """
   if jax.distributed.is_initialized():
     return True
-  section = config.get('distributed', None) if config is not None else None
-  mode = str(section.get('mode', 'auto')) if section is not None else 'auto'
-  if mode not in MODES:
-    raise ConfigError(f'distributed.mode must be one of {MODES}, got {mode!r}')
+  section = section_of(config, 'distributed', Distributed) if config is not None else Distributed()
+  mode = section.mode  # one of auto, on, off (checked by the section)
   if mode == 'off':
     return False
   address = _setting(section, 'coordinator_address', 'JAX_COORDINATOR_ADDRESS', str)

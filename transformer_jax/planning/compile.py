@@ -43,6 +43,7 @@ import time
 from transformer_jax.errors import ConfigError
 from transformer_jax.planning import collectives, runtime, traffic
 from transformer_jax.planning.targets import GIB, Target
+from transformer_jax.sections import Mesh, RunSections, section_of
 
 FORMULA = ('time = max(flops / peak_flops, bytes_accessed / hbm_bandwidth) per device; '
            'MFU = model_flops / (time * peak_flops)')
@@ -76,7 +77,7 @@ def mesh_shape(config, target: Target) -> tuple[int, ...]:
   """config.mesh over the target's chips; one ConfigError line naming the target otherwise."""
   from transformer_jax.parallel import sharding
   try:
-    return sharding.mesh_shape(dict(config.get('mesh', None) or {'data': -1}), target.chips)
+    return sharding.mesh_shape(section_of(config, 'mesh', Mesh).as_dict(), target.chips)
   except ConfigError as error:
     raise ConfigError(f'{target.name} has {target.chips} chips: {error}') from None
 
@@ -177,11 +178,11 @@ def plan(config, target: Target) -> dict:
   task, batch_shapes = workflow.abstract_task(config, num_devices=target.chips)
   global_batch = next(iter(batch_shapes.values())).shape[0]
   check_config(config, target, global_batch)
-  mesh = sharding.make_mesh(dict(config.get('mesh', None) or {'data': -1}),
-                            devices=topology_devices(target))
-  tx, _ = make_optimizer(config.optimizer)
-  accumulation = int(config.train.get('accumulation_steps', 1))
-  sharded = build_train_step(task, tx, mesh, seed=int(config.seed), accumulation_steps=accumulation)
+  run = RunSections.of(config)
+  mesh = sharding.make_mesh(run.mesh.as_dict(), devices=topology_devices(target))
+  tx, _ = make_optimizer(run.optimizer)
+  accumulation = run.train.accumulation_steps
+  sharded = build_train_step(task, tx, mesh, seed=run.seed, accumulation_steps=accumulation)
   state_bytes = shard_bytes(sharded.abstract_state)
   if state_bytes > usable:  # no need to compile to know
     raise DoesNotFitError(f'{target.name}: the parameters and optimizer state alone need '
@@ -207,8 +208,7 @@ def plan(config, target: Target) -> dict:
     config = copy.deepcopy(config)
     config.model.attention_implementation = 'xla'
     task, _ = workflow.abstract_task(config, num_devices=target.chips)
-    sharded = build_train_step(task, tx, mesh, seed=int(config.seed),
-                               accumulation_steps=accumulation)
+    sharded = build_train_step(task, tx, mesh, seed=run.seed, accumulation_steps=accumulation)
     lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, config, mesh_axes,
                                                      target)
   tokens = math.prod(batch_shapes['inputs'].shape)

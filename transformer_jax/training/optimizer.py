@@ -5,8 +5,12 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.sections import Optimizer
 
-SCHEDULES = ('rsqrt', 'cosine', 'linear', 'constant')
+
+def _section(opt) -> Optimizer:
+  """The typed `optimizer` section of `opt` (a record already, or the config's section)."""
+  return opt if isinstance(opt, Optimizer) else Optimizer.of(opt, 'optimizer')
 
 
 def make_schedule(opt) -> optax.Schedule:
@@ -20,23 +24,15 @@ def make_schedule(opt) -> optax.Schedule:
   Before the cooldown the schedule is unchanged, so a run trained without one can be resumed
   with it and ends exactly as if it had been planned from the start.
   """
-  lr, warmup = float(opt.learning_rate), int(opt.warmup_steps)
-  if opt.schedule not in SCHEDULES:
-    raise ConfigError(f'optimizer.schedule must be one of {SCHEDULES}, got {opt.schedule!r}')
-  if lr <= 0 or warmup < 0:
-    raise ConfigError(
-        f'optimizer: need learning_rate > 0 and warmup_steps >= 0 (got {lr}, {warmup})')
+  opt = _section(opt)  # schedule, learning rate and steps checked there
+  lr, warmup, end_lr = opt.learning_rate, opt.warmup_steps, opt.end_learning_rate
+  decay_steps, cooldown = opt.decay_steps, opt.cooldown_steps
   warmup_fn = lambda step: lr * jnp.minimum(1.0, (step + 1) / max(warmup, 1))
-  end_lr = float(opt.get('end_learning_rate', 0.0))
-  decay_steps = int(opt.get('decay_steps', 0))
-  cooldown = int(opt.get('cooldown_steps', 0))
   if opt.schedule == 'rsqrt':
     base = lambda step: jnp.minimum(warmup_fn(step),
                                     lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(step + 1, 1)))
   elif opt.schedule == 'constant':
     base = warmup_fn
-  if cooldown < 0:
-    raise ConfigError(f'optimizer.cooldown_steps must be >= 0, got {cooldown}')
   if opt.schedule in ('rsqrt', 'constant'):
     if not cooldown:
       return base
@@ -71,11 +67,12 @@ def _decay_mask(params):
 
 def make_optimizer(opt) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW with gradient clipping; returns (transformation, schedule) for logging the lr."""
+  opt = _section(opt)
   schedule = make_schedule(opt)
   parts = []
-  if opt.get('grad_clip_norm', 0.0):
-    parts.append(optax.clip_by_global_norm(float(opt.grad_clip_norm)))
+  if opt.grad_clip_norm:
+    parts.append(optax.clip_by_global_norm(opt.grad_clip_norm))
   parts.append(
-      optax.adamw(schedule, b1=float(opt.b1), b2=float(opt.b2), eps=float(opt.eps),
-                  weight_decay=float(opt.weight_decay), mask=_decay_mask))
+      optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
+                  mask=_decay_mask))
   return optax.chain(*parts), schedule

@@ -24,6 +24,7 @@ from absl import logging
 from transformer_jax import flops, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
+from transformer_jax.sections import RunSections
 from transformer_jax.parallel import sharding
 from transformer_jax.training import elastic, preemption, provenance
 from transformer_jax.training.batch_record import BatchRecord
@@ -107,35 +108,34 @@ class Trainer:
 
   def __init__(self, config, task: Task, workdir: str, mesh=None):
     self.config = config
+    self.run = run = RunSections.of(config)
     self.task = task
     self.workdir = workdir
-    self.mesh = mesh if mesh is not None else sharding.make_mesh(config.get('mesh', None))
+    self.mesh = mesh if mesh is not None else sharding.make_mesh(run.mesh.as_dict())
     self.rules = sharding.LOGICAL_AXIS_RULES
-    train = config.train
-    self.tx, self.schedule = make_optimizer(config.optimizer)
-    keep = int(train.get('keep_checkpoints', 3))
-    self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=keep,
-                                     save_every=int(train.checkpoint_every))
+    train = run.train
+    self.tx, self.schedule = make_optimizer(run.optimizer)
+    self.checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                     keep=train.keep_checkpoints, save_every=train.checkpoint_every)
     # The layout of the run this one resumes (None when fresh): it may have had other devices.
     saved = self.checkpointer.run_layout()
     self.resumed_from = (elastic.Layout.from_json(saved[1], self.checkpointer.directory)
                          if saved is not None else None)
-    self.accumulation_steps = elastic.accumulation_steps(
-        self.resumed_from, self.mesh, int(train.get('accumulation_steps', 1)),
-        bool(train.get('elastic_accumulation', False)))
+    self.accumulation_steps = elastic.accumulation_steps(self.resumed_from, self.mesh,
+                                                         train.accumulation_steps,
+                                                         train.elastic_accumulation)
     self.layout = elastic.current(self.mesh, self.accumulation_steps, self.resumed_from)
     if self.resumed_from is not None and self.resumed_from != self.layout:
       logging.info('resuming the run saved at step %d on %s, now on %s', saved[0],
                    self.resumed_from.describe(), self.layout.describe())
-    sharded = build_train_step(task, self.tx, self.mesh, seed=int(config.seed),
+    sharded = build_train_step(task, self.tx, self.mesh, seed=run.seed,
                                accumulation_steps=self.accumulation_steps, rules=self.rules)
     self._create_state = sharded.create_state
     self.state_shardings, self.abstract_state = sharded.state_shardings, sharded.abstract_state
     self.checkpointer.check_fits(self.abstract_state)  # a changed model fails before any write
     self.is_chief = jax.process_index() == 0
     self.metrics = MetricsWriter(workdir, self.is_chief)
-    self.batch_record = BatchRecord(workdir, bool(train.get('record_batches', False)),
-                                    self.is_chief)
+    self.batch_record = BatchRecord(workdir, train.record_batches, self.is_chief)
     self._batch_sharding = sharded.batch_sharding
     self.eval_context = EvalContext(self.mesh, self.to_global, self.metrics.text)
     self._train_step = sharded.step
@@ -176,7 +176,7 @@ class Trainer:
     init = jax.jit(lambda rng: nn.meta.unbox(self._create_state(rng)),
                    out_shardings=self.state_shardings)
     with sharding.use_mesh(self.mesh, self.rules):
-      return init(jax.random.key(int(self.config.seed)))
+      return init(jax.random.key(self.run.seed))
 
   def init_or_restore(self, data=None) -> TrainState:
     """The latest good checkpoint if there is one (and the data position), else a fresh state."""
@@ -234,8 +234,7 @@ class Trainer:
     """Eval loss, the task's own evaluation and pictures; written, logged and returned."""
     if eval_batches_fn is None:
       return {}
-    metrics = self.evaluate(params, eval_batches_fn(),
-                            int(self.config.train.get('eval_max_batches', 0)))
+    metrics = self.evaluate(params, eval_batches_fn(), self.run.train.eval_max_batches)
     metrics.update(self.task.evaluate(self.eval_context, params, step) or {})
     summary_images = getattr(self.task, 'summary_images', None)
     if summary_images is not None:  # computed on every process, written by the chief
@@ -253,18 +252,17 @@ class Trainer:
     SIGTERM/SIGINT finish the current step, checkpoint and return (preemption); with several
     processes all of them stop after the same step.
     """
-    train = self.config.train
-    num_steps, log_every, eval_every = (int(train.num_steps), int(train.log_every),
-                                        int(train.eval_every))
+    train = self.run.train
+    num_steps, log_every, eval_every = train.num_steps, train.log_every, train.eval_every
     state = state if state is not None else self.init_or_restore(train_data)
     step = int(jax.device_get(state.step))
     logging.info('model has %s parameters; training from step %d to %d on mesh %s',
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
     self._write_provenance(step)
-    progress = _Progress(step, num_steps, float(train.get('max_minutes', 0) or 0), log_every)
+    progress = _Progress(step, num_steps, train.max_minutes, log_every)
     model_flops = _ModelFlops(self.task, self.abstract_state.params, self.mesh)
-    guard = _NonFiniteGuard(int(train.get('max_nonfinite', 10)), self.checkpointer.directory)
-    profiler = ProfileWindow(profile_window(train.get('profile_steps', '')),
+    guard = _NonFiniteGuard(train.max_nonfinite, self.checkpointer.directory)
+    profiler = ProfileWindow(profile_window(train.profile_steps),
                              os.path.join(self.workdir, 'profile'), step)
     tokens_in = getattr(self.task, 'count_tokens', count_tokens)
     slots_in = getattr(self.task, 'count_slots', count_slots)
