@@ -85,3 +85,11 @@ def test_import_does_not_load_tensorflow():
   result = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True,
                           text=True, check=True, env={**os.environ, 'PYTHONPATH': REPO_ROOT})
   assert result.stdout.strip() == 'False'
+
+
+def test_without_the_tfds_extra_a_tfds_corpus_is_one_line_naming_it(monkeypatch):
+  """TensorFlow Datasets is the `tfds` extra, not a dependency (setup.cfg): a run that reads a
+  TFDS corpus without it says how to install it instead of an ImportError's traceback."""
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # `import` raises ImportError
+  with pytest.raises(DataError, match=r'needs TensorFlow Datasets .*pip install -e "\.\[tfds\]"'):
+    tfds_text.load_tfds_parallel(WMT, 'train', 'en', 'de')

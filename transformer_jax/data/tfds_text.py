@@ -16,9 +16,22 @@ from transformer_jax.errors import DataError
 _READ_BATCH = 1024
 
 
+def import_tfds():
+  """The `tensorflow_datasets` module; one DataError line naming the extra that installs it.
+
+  TFDS and TensorFlow (about 600 MB) are the `tfds` extra, not a dependency: only the corpora
+  read through TFDS need them, not the layers or runs on text files."""
+  try:
+    import tensorflow_datasets
+  except ImportError as error:
+    raise DataError(f'reading a TFDS corpus needs TensorFlow Datasets ({error}); install the '
+                    'tfds extra: pip install -e ".[tfds]"') from None
+  return tensorflow_datasets
+
+
 def _load(name: str, split: str, data_dir: str | None, max_examples: int | None) -> Any:
   """Returns the tf.data.Dataset of a TFDS split, turning failures into a DataError."""
-  import tensorflow_datasets as tfds
+  tfds = import_tfds()
 
   if max_examples is not None and max_examples < 1:
     raise DataError(f'max_examples must be positive or None, got {max_examples}')
@@ -44,7 +57,7 @@ def _load(name: str, split: str, data_dir: str | None, max_examples: int | None)
 
 def _read_string_features(dataset: Any, features: list[str], name: str) -> list[list[str]]:
   """Returns one list of decoded strings per feature, in dataset order."""
-  import tensorflow_datasets as tfds
+  tfds = import_tfds()
 
   available = sorted(dataset.element_spec) if isinstance(dataset.element_spec, dict) else []
   missing = [f for f in features if f not in available]
