@@ -175,6 +175,17 @@ def test_wordpiece_trains_saves_and_reloads(tmp_path):
   assert tokenizer.decode(tokenizer.encode('The lazy fox')) == 'the lazy fox'
 
 
+def test_wordpiece_trained_again_numbers_its_tokens_the_same(corpus):
+  """The HF trainer numbers equal vocabularies differently from one training to the next (hash
+  map order, ties between merges); ours are numbered canonically, so a vocabulary trained again
+  (another process, a resume that lost vocab.txt) is the same one, ids included."""
+  lines = (corpus('tinyshakespeare') / 'input.txt').read_text().splitlines()[:2000]
+  first = WordPieceTokenizer.train(lines, vocab_size=300).vocab
+  assert all(WordPieceTokenizer.train(lines, vocab_size=300).vocab == first for _ in range(3))
+  assert [token for token, _ in sorted(first.items(), key=lambda kv: kv[1])[:5]] == list(
+      SPECIAL_TOKENS)
+
+
 def test_sst2_tsv_reader_uses_the_header(corpus, tmp_path):
   sst2 = corpus('sst2')
   train, labels = classification.read_tsv(str(sst2 / 'train.tsv'))

@@ -186,8 +186,8 @@ def test_resume_on_other_meshes_continues_the_same_batches(family, translate_cli
     assert start['resumed_from']['mesh']['data'] == 8
     assert start['layout']['batch_multiple'] == 8  # the first layout's, kept
   # fsdp=8 (params and optimizer state split 8 ways) resumed on data=8 (replicated). A fresh
-  # run, given the reference's tokenizer: a WordPiece trained again in another process may
-  # number its pieces otherwise (seen with Python 3.11), which is not what this test is about.
+  # run, given the reference's tokenizer files: what is compared here is the state on another
+  # mesh, not whether a tokenizer trained again comes out the same (tests/test_bert_data.py).
   fsdp = tmp_path / 'fsdp8'
   fsdp.mkdir()
   for name in os.listdir(reference):

@@ -58,10 +58,16 @@ class WordPieceTokenizer:
     trainer = BertWordPieceTokenizer(lowercase=lowercase)
     trainer.train_from_iterator(iter(texts), vocab_size=vocab_size, min_frequency=min_frequency,
                                 special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    vocab = trainer.get_vocab()
-    if len(vocab) <= len(SPECIAL_TOKENS):
+    learned = trainer.get_vocab()
+    if len(learned) <= len(SPECIAL_TOKENS):
       raise DataError('the training text is too small to learn a WordPiece vocabulary')
-    return cls(vocab, lowercase=lowercase)
+    # The trainer numbers its tokens in the order of a Rust hash map (the '##' alphabet) and
+    # breaks ties between merges of equal count arbitrarily, so two trainings on one text give
+    # the same tokens other ids (tokenizers 0.23.3). Numbered canonically, a vocabulary trained
+    # again (another process, a resume, another host) is the same one; WordPiece's greedy
+    # longest-match encoding does not depend on the ids' order.
+    tokens = list(SPECIAL_TOKENS) + sorted(set(learned) - set(SPECIAL_TOKENS))
+    return cls({token: i for i, token in enumerate(tokens)}, lowercase=lowercase)
 
   def save(self, path: str):
     """Writes vocab.txt atomically (line i = the token with id i)."""
