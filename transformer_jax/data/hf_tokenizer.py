@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from absl import logging
 
+from transformer_jax.data.tokenizer import SentencePieceEncoding
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.files import read_json_object, write_atomically
 
@@ -49,6 +50,21 @@ def _token_content(value) -> str | None:
   if isinstance(value, dict):
     value = value.get('content')
   return value if isinstance(value, str) else None
+
+
+def special_token_names(directory: str, kinds) -> dict[str, str]:
+  """kind ('eos', 'bos', ...) -> token text, for each of `kinds` that tokenizer_config.json
+  names, else special_tokens_map.json (the first file to name a kind wins)."""
+  names = {}
+  for file in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+    path = os.path.join(directory, file)
+    if os.path.exists(path):
+      data = read_json_object(path)
+      for kind in kinds:
+        content = _token_content(data.get(f'{kind}_token'))
+        if kind not in names and content is not None:
+          names[kind] = content
+  return names
 
 
 # -- backends: one interface over `tokenizers` and `sentencepiece` --------------------------------
@@ -83,7 +99,7 @@ class _Fast:
     return 'PreTrainedTokenizerFast'
 
 
-class _SentencePiece:
+class _SentencePiece(SentencePieceEncoding):
   """A SentencePiece model file (LLaMA's tokenizer.model), with SentencePiece's own ids."""
 
   def __init__(self, serialized: bytes):
@@ -94,12 +110,6 @@ class _SentencePiece:
 
   def vocab_size(self) -> int:
     return self.processor.get_piece_size()
-
-  def encode(self, text: str) -> list[int]:
-    return self.processor.encode(text, out_type=int)
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return self.processor.encode(list(texts), out_type=int)
 
   def decode(self, ids: list[int]) -> str:
     return self.processor.decode(ids)
@@ -124,6 +134,39 @@ class _SentencePiece:
 
 
 # -- the tokenizer --------------------------------------------------------------------------------
+
+
+def train_byte_level_backend(texts: Iterable[str], vocab_size: int, special_tokens: list[str], *,
+                             min_frequency: int = 2):
+  """(a `tokenizers.Tokenizer`, the number of texts it learned from): a byte-level BPE with
+  GPT-2's pipeline (its regex split, bytes shown as printable characters, no prefix space)
+  learned from the non-empty `texts`, `special_tokens` its first ids. ConfigError if
+  `vocab_size` cannot hold every byte and the special tokens; DataError if there is no text."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if vocab_size < len(alphabet) + len(special_tokens):
+    raise ConfigError(f'a byte-level BPE needs vocab_size >= '
+                      f'{len(alphabet) + len(special_tokens)} (every byte and '
+                      f'{", ".join(special_tokens)}), got {vocab_size}')
+  tokenizer = Tokenizer(models.BPE())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                special_tokens=list(special_tokens), initial_alphabet=alphabet,
+                                show_progress=False)
+  seen = 0
+
+  def counted():
+    nonlocal seen
+    for text in texts:
+      if text:
+        seen += 1
+        yield text
+
+  tokenizer.train_from_iterator(counted(), trainer)
+  if not seen:
+    raise DataError('cannot train a byte-level BPE: the training text is empty')
+  return tokenizer, seen
 
 
 class HFTokenizer:
@@ -154,7 +197,7 @@ class HFTokenizer:
     if not os.path.isdir(directory):
       raise DataError(f'tokenizer folder {directory} does not exist')
     path = lambda name: os.path.join(directory, name)
-    names = cls._special_names(directory)
+    names = special_token_names(directory, _KINDS)
     if os.path.exists(path(TOKENIZER_JSON)):
       backend = _Fast(_load_tokenizer_json(path(TOKENIZER_JSON)))
     elif os.path.exists(path(VOCAB_JSON)) or os.path.exists(path(MERGES_TXT)):
@@ -168,20 +211,6 @@ class HFTokenizer:
     tokenizer = cls(backend, **{f'{k}_id': ids.get(k) for k in _KINDS})
     logging.info('tokenizer from %s: %s', directory, tokenizer)
     return tokenizer
-
-  @staticmethod
-  def _special_names(directory: str) -> dict[str, str]:
-    """kind -> token text named by tokenizer_config.json, else special_tokens_map.json."""
-    names = {}
-    for file in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
-      path = os.path.join(directory, file)
-      if os.path.exists(path):
-        data = read_json_object(path)
-        for kind in _KINDS:
-          content = _token_content(data.get(f'{kind}_token'))
-          if kind not in names and content is not None:
-            names[kind] = content
-    return names
 
   @staticmethod
   def _resolve_ids(directory: str, backend, names: dict[str, str]) -> dict[str, int]:
@@ -226,34 +255,14 @@ class HFTokenizer:
     are the most frequent merges. '<|endoftext|>' is id 0 (GPT-2 has it last, 50256), the id
     that generation pads with after an EOS, so a padded row reads as repeated EOS.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + 1:
-      raise ConfigError(f'a byte-level BPE needs vocab_size >= {len(alphabet) + 1} (every byte '
-                        f'and {GPT2_EOS}), got {vocab_size}')
-    tokenizer = Tokenizer(models.BPE())
-    # GPT-2's pipeline: its regex split, bytes shown as printable characters, no prefix space.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    from tokenizers import processors
+    tokenizer, seen = train_byte_level_backend(texts, vocab_size, [GPT2_EOS],
+                                               min_frequency=min_frequency)
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=[GPT2_EOS], initial_alphabet=alphabet,
-                                  show_progress=False)
-    seen = [0]
-
-    def counted():
-      for text in texts:
-        if text:
-          seen[0] += 1
-          yield text
-
-    tokenizer.train_from_iterator(counted(), trainer)
-    if not seen[0]:
-      raise DataError('cannot train a byte-level BPE: the training text is empty')
     eos = tokenizer.token_to_id(GPT2_EOS)
     result = cls(_Fast(tokenizer), eos_id=eos, bos_id=eos)
     logging.info('trained a byte-level BPE with %d tokens (%d requested) on %d texts',
-                 result.vocab_size, vocab_size, seen[0])
+                 result.vocab_size, vocab_size, seen)
     return result
 
   # -- using

@@ -14,6 +14,7 @@ Numbers go from 0 to 999,999 and sit in short sentence templates such as
 """
 
 import random
+from collections.abc import Callable
 
 from transformer_jax.errors import ConfigError
 
@@ -87,18 +88,25 @@ def _english_below_1000(n: int) -> list[str]:
   return words
 
 
-def number_to_english(n: int) -> str:
-  """Writes 0 <= n <= 999,999 in American English words, e.g. "one hundred one"."""
+def _number_parts(n: int, zero: str, thousand: str, below_1000: Callable[[int, bool],
+                                                                         list[str]]) -> list[str]:
+  """The parts of 0 <= n <= 999,999: `zero`, or the thousands, `thousand`, then the rest, each
+  written by below_1000(k, final), final = whether k ends the number."""
   _check_range(n)
   if n == 0:
-    return _EN_ONES[0]
+    return [zero]
   thousands, rest = divmod(n, 1000)
-  words = []
+  parts = []
   if thousands:
-    words += _english_below_1000(thousands) + ['thousand']
+    parts += below_1000(thousands, False) + [thousand]
   if rest:
-    words += _english_below_1000(rest)
-  return ' '.join(words)
+    parts += below_1000(rest, True)
+  return parts
+
+
+def number_to_english(n: int) -> str:
+  """Writes 0 <= n <= 999,999 in American English words, e.g. "one hundred one"."""
+  return ' '.join(_number_parts(n, _EN_ONES[0], 'thousand', lambda k, _: _english_below_1000(k)))
 
 
 def _german_below_1000(n: int, *, final: bool) -> list[str]:
@@ -131,15 +139,8 @@ def number_to_german(n: int, *, compound: bool = False) -> str:
   tausend zwei und vierzig"; with `compound=True` they are joined into the
   standard spelling "einundzwanzigtausendzweiundvierzig".
   """
-  _check_range(n)
-  if n == 0:
-    return _DE_ONES[0]
-  thousands, rest = divmod(n, 1000)
-  parts = []
-  if thousands:
-    parts += _german_below_1000(thousands, final=False) + ['tausend']
-  if rest:
-    parts += _german_below_1000(rest, final=True)
+  parts = _number_parts(n, _DE_ONES[0], 'tausend',
+                        lambda k, final: _german_below_1000(k, final=final))
   return ''.join(parts) if compound else ' '.join(parts)
 
 

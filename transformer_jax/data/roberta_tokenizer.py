@@ -13,9 +13,11 @@ import tempfile
 import numpy as np
 from absl import logging
 
-from transformer_jax.data.hf_tokenizer import HFTokenizer
-from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.files import read_json_object, write_atomically
+from transformer_jax.data.hf_tokenizer import (SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG, HFTokenizer,
+                                               special_token_names, train_byte_level_backend)
+from transformer_jax.data.wordpiece import trim_pair
+from transformer_jax.errors import DataError
+from transformer_jax.files import write_atomically
 
 # RoBERTa's special tokens, in the order of its vocabulary (<mask> is the last id of
 # roberta-base's, the fifth of a vocabulary trained here).
@@ -24,7 +26,6 @@ _TOKEN_DEFAULTS = {
     'bos': '<s>', 'cls': '<s>', 'pad': '<pad>', 'eos': '</s>', 'sep': '</s>', 'unk': '<unk>',
     'mask': '<mask>'
 }
-_TOKENIZER_CONFIG, _SPECIAL_TOKENS_MAP = 'tokenizer_config.json', 'special_tokens_map.json'
 
 
 def swap_ids(ids, pad_id: int):
@@ -38,16 +39,7 @@ def swap_ids(ids, pad_id: int):
 def _special_names(directory: str) -> dict[str, str]:
   """kind ('bos', 'cls', 'mask', ...) -> token text from tokenizer_config.json, else
   special_tokens_map.json, else RoBERTa's."""
-  names = {}
-  for file in (_TOKENIZER_CONFIG, _SPECIAL_TOKENS_MAP):
-    path = os.path.join(directory, file)
-    if os.path.exists(path):
-      data = read_json_object(path)
-      for kind in _TOKEN_DEFAULTS:
-        value = data.get(f'{kind}_token')
-        value = value.get('content') if isinstance(value, dict) else value
-        if kind not in names and isinstance(value, str):
-          names[kind] = value
+  names = special_token_names(directory, _TOKEN_DEFAULTS)
   return {kind: names.get(kind, default) for kind, default in _TOKEN_DEFAULTS.items()}
 
 
@@ -89,7 +81,7 @@ class RobertaTokenizer:
     """The tokenizer of an HF RoBERTa folder: tokenizer.json, else vocab.json + merges.txt;
     special tokens named by tokenizer_config.json / special_tokens_map.json, else RoBERTa's."""
     path = lambda name: os.path.join(directory, name)
-    named = any(os.path.exists(path(n)) for n in (_TOKENIZER_CONFIG, _SPECIAL_TOKENS_MAP))
+    named = any(os.path.exists(path(n)) for n in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP))
     bare_bpe = all(os.path.exists(path(n)) for n in ('vocab.json', 'merges.txt'))
     if named or os.path.exists(path('tokenizer.json')) or not bare_bpe:
       return cls(HFTokenizer.from_dir(directory), _special_names(directory), directory)
@@ -100,7 +92,7 @@ class RobertaTokenizer:
         with open(path(name), 'rb') as f:
           write_atomically(os.path.join(tmp, name), f.read())
       names = {f'{kind}_token': token for kind, token in _TOKEN_DEFAULTS.items()}
-      write_atomically(os.path.join(tmp, _SPECIAL_TOKENS_MAP), json.dumps(names))
+      write_atomically(os.path.join(tmp, SPECIAL_TOKENS_MAP), json.dumps(names))
       return cls(HFTokenizer.from_dir(tmp), _special_names(tmp), directory)
 
   @classmethod
@@ -108,34 +100,13 @@ class RobertaTokenizer:
     """A byte-level BPE learned from `texts` with RoBERTa's pipeline (GPT-2's regex split, no
     prefix space) and special tokens <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (HF ids), so that an
     exported model has roberta-base's layout of the first four."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
-      raise ConfigError(f'a byte-level BPE needs tokenizer.vocab_size >= '
-                        f'{len(alphabet) + len(SPECIAL_TOKENS)} (every byte and RoBERTa\'s '
-                        f'{len(SPECIAL_TOKENS)} special tokens), got {vocab_size}')
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet,
-                                  show_progress=False)
-    seen = [0]
-
-    def counted():
-      for text in texts:
-        if text:
-          seen[0] += 1
-          yield text
-
-    backend.train_from_iterator(counted(), trainer)
-    if not seen[0]:
-      raise DataError('cannot train a byte-level BPE: the training text is empty')
+    backend, seen = train_byte_level_backend(texts, vocab_size, list(SPECIAL_TOKENS),
+                                             min_frequency=min_frequency)
     with tempfile.TemporaryDirectory() as tmp:  # HFTokenizer reads files: go through them
       _write_files(tmp, backend.to_str(), dict(_TOKEN_DEFAULTS))
       tokenizer = cls.from_dir(tmp)
     logging.info('trained a RoBERTa byte-level BPE with %d tokens on %d texts',
-                 tokenizer.vocab_size, seen[0])
+                 tokenizer.vocab_size, seen)
     return tokenizer
 
   @classmethod
@@ -181,14 +152,7 @@ class RobertaTokenizer:
     return self.build_pair(a, b, max_len)
 
   def build_pair(self, a, b, max_len: int | None = None) -> tuple[list[int], list[int]]:
-    a, b = list(a), (list(b) if b is not None else None)
-    if max_len is not None:
-      budget = max_len - (4 if b is not None else 2)
-      while len(a) + (len(b) if b is not None else 0) > budget:
-        if b is not None and len(b) > len(a):
-          b.pop()
-        else:
-          a.pop()
+    a, b = trim_pair(a, b, None if max_len is None else max_len - (4 if b is not None else 2))
     ids = [self.cls_id] + a + [self.sep_id]
     if b is not None:
       ids += [self.sep_id] + b + [self.sep_id]
@@ -236,7 +200,7 @@ def _write_files(directory: str, tokenizer_json: str, names: dict[str, str],
                 trim_offsets=True, errors='replace', clean_up_tokenization_spaces=False)
   if max_len:
     config['model_max_length'] = int(max_len)
-  for name, value in ((_TOKENIZER_CONFIG, config), (_SPECIAL_TOKENS_MAP, special)):
+  for name, value in ((TOKENIZER_CONFIG, config), (SPECIAL_TOKENS_MAP, special)):
     write_atomically(os.path.join(directory, name),
                      json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + '\n')
   write_atomically(os.path.join(directory, 'tokenizer.json'), backend.to_str(pretty=True))

@@ -19,11 +19,26 @@ from transformer_jax.files import write_atomically
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-class Tokenizer:
+class SentencePieceEncoding:
+  """Text to ids with a SentencePiece processor (`self.processor`): what this project's
+  tokenizer and an imported model's tokenizer.model (hf_tokenizer) share."""
+
+  processor: spm.SentencePieceProcessor
+
+  def encode(self, text: str) -> list[int]:
+    """Returns the subword ids of `text`, without EOS (batching adds it)."""
+    return self.processor.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Encodes many texts at once; SentencePiece spreads the work over threads."""
+    return self.processor.encode(list(texts), out_type=int)
+
+
+class Tokenizer(SentencePieceEncoding):
   """Turns text into subword ids and back."""
 
   def __init__(self, processor: spm.SentencePieceProcessor):
-    self._sp = processor
+    self.processor = processor
     # A file trained elsewhere with other special ids would silently corrupt training
     # (e.g. padding that the loss does not mask), so refuse it early.
     actual = (processor.pad_id(), processor.eos_id(), processor.bos_id(), processor.unk_id())
@@ -57,20 +72,12 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
-    return self._sp.get_piece_size()
+    return self.processor.get_piece_size()
 
   @property
   def serialized_proto(self) -> bytes:
     """The model file's bytes, e.g. to store the tokenizer inside a checkpoint."""
-    return self._sp.serialized_model_proto()
-
-  def encode(self, text: str) -> list[int]:
-    """Returns the subword ids of `text`, without EOS (batching adds it)."""
-    return self._sp.encode(text, out_type=int)
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Encodes many texts at once; SentencePiece spreads the work over threads."""
-    return self._sp.encode(list(texts), out_type=int)
+    return self.processor.serialized_model_proto()
 
   def _clean_ids(self, ids: Iterable[int]) -> list[int]:
     """Cuts at the first EOS and removes PAD and BOS, as a model's output needs."""
@@ -89,11 +96,11 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     """Turns ids back into text, stopping at the first EOS and ignoring PAD and BOS."""
-    return self._sp.decode(self._clean_ids(ids))
+    return self.processor.decode(self._clean_ids(ids))
 
   def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
     """Decodes each row of `batch` (a list of id lists or a 2-D array)."""
-    return self._sp.decode([self._clean_ids(ids) for ids in batch])
+    return self.processor.decode([self._clean_ids(ids) for ids in batch])
 
 
 def _sample_sentences(texts: Iterable[str], max_sentences: int, seed: int) -> list[str]:

@@ -100,14 +100,7 @@ class WordPieceTokenizer:
 
   def build_pair(self, a: list[int], b: list[int] | None,
                  max_len: int | None = None) -> tuple[list[int], list[int]]:
-    a, b = list(a), (list(b) if b is not None else None)
-    if max_len is not None:
-      budget = max_len - (3 if b is not None else 2)
-      while len(a) + (len(b) if b is not None else 0) > budget:
-        if b is not None and len(b) > len(a):
-          b.pop()
-        else:
-          a.pop()
+    a, b = trim_pair(a, b, None if max_len is None else max_len - (3 if b is not None else 2))
     ids = [self.cls_id] + a + [self.sep_id]
     segments = [0] * len(ids)
     if b is not None:
@@ -120,3 +113,16 @@ class WordPieceTokenizer:
 
   def id_to_token(self, i: int) -> str:
     return self._inverse.get(int(i), '[UNK]')
+
+
+def trim_pair(a, b, budget: int | None) -> tuple[list[int], list[int] | None]:
+  """Copies of segments `a` and `b` (or None) cut to `budget` tokens together (None: uncut), by
+  dropping the last token of the longer one (of `a` on a tie) until they fit, as BERT does."""
+  a, b = list(a), (list(b) if b is not None else None)
+  if budget is not None:
+    while len(a) + (len(b) if b is not None else 0) > budget:
+      if b is not None and len(b) > len(a):
+        b.pop()
+      else:
+        a.pop()
+  return a, b
