@@ -104,7 +104,7 @@ class FixedBatches:
       yield self.batch_fn(self.step)
       self.step += 1
 
-  def get_state(self):
+  def state(self):
     return {'step': self.step}
 
 

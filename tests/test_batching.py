@@ -1,7 +1,6 @@
 """Tests for encoding sentence pairs and the bucketed, resumable batcher."""
 
 import itertools
-import json
 
 import numpy as np
 import pytest
@@ -178,32 +177,16 @@ def test_order_depends_only_on_seed_and_epoch():
   assert lengths != sorted(lengths)
 
 
-def test_resume_from_saved_state():
-  src, tgt = make_examples(120)
-  kwargs = dict(batch_tokens=256, buckets=BUCKETS, seed=5)
-  batcher = batching.BucketedBatcher(src, tgt, **kwargs)
-  per_epoch = batcher.num_batches_per_epoch
-  assert 1 < per_epoch < 37  # So that the 37 batches cross an epoch boundary.
-  uninterrupted = take(batching.BucketedBatcher(src, tgt, **kwargs), 57)
-
-  head = take(batcher, 37)
-  state = json.loads(json.dumps(batcher.get_state()))
-  assert state == {'epoch': 37 // per_epoch, 'position': 37 % per_epoch}
-  resumed = batching.BucketedBatcher(src, tgt, **kwargs)
-  resumed.set_state(state)
-  assert_batches_equal(head + take(resumed, 20), uninterrupted)
-
-
-def test_set_state_at_end_of_epoch_and_invalid_states():
+def test_restore_at_end_of_epoch_and_invalid_states():
   src, tgt = make_examples(120)
   batcher = batching.BucketedBatcher(src, tgt, batch_tokens=256, buckets=BUCKETS, seed=0)
   per_epoch = batcher.num_batches_per_epoch
-  batcher.set_state({'epoch': 2, 'position': per_epoch})
-  assert batcher.get_state() == {'epoch': 3, 'position': 0}
+  batcher.restore({'epoch': 2, 'position': per_epoch})
+  assert batcher.state() == {'epoch': 3, 'position': 0}
   for bad in [{'epoch': 0, 'position': per_epoch + 1}, {'epoch': -1, 'position': 0},
               {'position': 3}]:
     with pytest.raises(ConfigError):
-      batcher.set_state(bad)
+      batcher.restore(bad)
 
 
 def test_eval_batcher_is_one_ordered_pass():

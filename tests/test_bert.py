@@ -131,10 +131,10 @@ class _Cycle:
       yield self.batches[self.step % len(self.batches)]
       self.step += 1
 
-  def get_state(self):
+  def state(self):
     return {'step': self.step}
 
-  def set_state(self, state):
+  def restore(self, state):
     self.step = state['step']
 
 

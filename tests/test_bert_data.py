@@ -104,19 +104,12 @@ def test_roberta_single_segments_fill_the_sequence():
   assert _trace(a) == [(3, k) for k in range(6)]
 
 
-def test_batches_are_a_function_of_the_step_and_masks_change():
+def test_masks_change_from_batch_to_batch():
   docs = _documents()
   options = bert_pretrain.PretrainOptions(max_len=24, max_predictions=4)
   data = bert_pretrain.PretrainBatches(docs, _FakeTokenizer(), options, batch_size=8, seed=3)
   it = iter(data)
   first = [next(it) for _ in range(3)]
-  state = data.get_state()
-  fourth = next(it)
-  resumed = bert_pretrain.PretrainBatches(docs, _FakeTokenizer(), options, batch_size=8, seed=3)
-  resumed.set_state(state)
-  again = next(iter(resumed))
-  for key in fourth:
-    np.testing.assert_array_equal(fourth[key], again[key])
   assert not np.array_equal(first[0]['mlm_positions'], first[1]['mlm_positions'])
   b = first[0]
   assert b['inputs'].shape == (8, 24) and b['mlm_positions'].shape == (8, 4)
@@ -210,7 +203,7 @@ def test_classification_batches(minilm_tokenizer):
   data = classification.ClassificationBatches(rows, [1] * 5 + [0] * 5, batch_size=4, max_len=64,
                                               seed=0)
   batches = [next(iter(data)) for _ in range(5)]
-  assert data.get_state() == {'epoch': 2, 'index': 1}  # 2 batches per epoch
+  assert data.state() == {'epoch': 2, 'index': 1}  # 2 batches per epoch
   assert all(b['inputs'].shape[1] in (16, 32) for b in batches)
   dev = classification.eval_batches(rows, [1] * 5 + [0] * 5, batch_size=4, max_len=64)
   assert [b['weights'].sum() for b in dev] == [4, 4, 2]

@@ -402,17 +402,17 @@ def test_saved_positions_are_global_whatever_the_process_count(make):
   for step in range(7):
     rows = joined([next(it) for it in two_iters])
     assert batch_record.digest(rows) == batch_record.digest(one_batches[step]), step
-  assert two[0].get_state() == two[1].get_state() == one.get_state()
+  assert two[0].state() == two[1].state() == one.state()
   # 2 processes -> 1: the saved position continues the one stream ...
   continued = make()
-  continued.set_state(json.loads(json.dumps(two[0].get_state())))  # as a checkpoint holds it
+  continued.restore(json.loads(json.dumps(two[0].state())))  # as a checkpoint holds it
   reference = take(iter(one), 5)
   for got, want in zip(take(iter(continued), 5), reference):
     assert batch_record.digest(got) == batch_record.digest(want)
   # ... and 1 -> 2.
   back = [make(i, 2) for i in range(2)]
   for batcher in back:
-    batcher.set_state(continued.get_state())
+    batcher.restore(continued.state())
   following = take(iter(one), 3)
   back_iters = [iter(b) for b in back]
   for want in following:

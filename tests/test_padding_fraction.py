@@ -35,10 +35,10 @@ class FixedData:
       yield BATCHES[min(self.position, len(BATCHES) - 1)]
       self.position += 1
 
-  def get_state(self):
+  def state(self):
     return {'position': self.position}
 
-  def set_state(self, state):
+  def restore(self, state):
     self.position = int(state['position'])
 
 

@@ -62,11 +62,11 @@ class Recorder:
       self.events.append(f'batch {self.data.position - 1}')  # the batch of step index i is i
       yield batch
 
-  def get_state(self):
-    return self.data.get_state()
+  def state(self):
+    return self.data.state()
 
-  def set_state(self, state):
-    self.data.set_state(state)
+  def restore(self, state):
+    self.data.restore(state)
 
 
 def run(workdir, monkeypatch, poison_from=10**6, **train) -> tuple[list[str], dict | Exception]:

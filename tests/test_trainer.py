@@ -104,7 +104,7 @@ def train_translation(config, workdir, train_pairs):
     results = trainer.fit(data)
   finally:
     trainer.close()
-  return results, trainer.state, data.get_state()
+  return results, trainer.state, data.state()
 
 
 @pytest.mark.slow
@@ -225,10 +225,10 @@ class ScriptedData:
       self.position += 1
       yield {'inputs': inputs}
 
-  def get_state(self):
+  def state(self):
     return {'position': self.position}
 
-  def set_state(self, state):
+  def restore(self, state):
     self.position = int(state['position'])
 
 

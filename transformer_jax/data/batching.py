@@ -10,7 +10,6 @@ The order of an epoch is a pure function of (seed, epoch), so the position
 {'epoch', 'position'} is enough to resume exactly where a run stopped.
 """
 
-import abc
 from collections.abc import Iterator, Sequence
 
 from absl import logging
@@ -138,6 +137,20 @@ def parse_position(state: dict) -> tuple[int, int]:
                       f'got {state!r}') from None
 
 
+def check_examples(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray] | None, *, seed: int,
+                   process_index: int, process_count: int, verb: str) -> None:
+  """The checks every batcher of examples starts with: as many targets as sources, at least one
+  example, a seed that numpy takes, and this process among `process_count`."""
+  if tgt is not None and len(tgt) != len(src):
+    raise ValueError(f'src and tgt must have the same length, got {len(src)} and {len(tgt)}')
+  if len(src) == 0:
+    raise DataError(f'there are no examples to {verb}')
+  if seed < 0:
+    raise ConfigError(f'seed must be non-negative, got {seed}')
+  if not 0 <= process_index < process_count:
+    raise ConfigError(f'process_index must be in [0, {process_count}), got {process_index}')
+
+
 class BucketedBatcher:
   """Yields padded batches {'inputs', 'targets', 'index'} grouped by length bucket.
 
@@ -172,10 +185,8 @@ class BucketedBatcher:
       process_index: Index of this process among `process_count`.
       process_count: Number of processes that share each global batch.
     """
-    if tgt is not None and len(tgt) != len(src):
-      raise ValueError(f'src and tgt must have the same length, got {len(src)} and {len(tgt)}')
-    if len(src) == 0:
-      raise DataError('there are no examples to batch')
+    check_examples(src, tgt, seed=seed, process_index=process_index, process_count=process_count,
+                   verb='batch')
     if batch_tokens < 1 or multiple_of < 1:
       raise ConfigError(f'batch_tokens and multiple_of must be positive, got {batch_tokens} '
                         f'and {multiple_of}')
@@ -183,10 +194,6 @@ class BucketedBatcher:
       raise ConfigError(f'buckets must be positive, strictly increasing lengths, got {buckets}')
     if max_rows is not None and max_rows < multiple_of:
       raise ConfigError(f'max_rows ({max_rows}) must be at least multiple_of ({multiple_of})')
-    if seed < 0:
-      raise ConfigError(f'seed must be non-negative, got {seed}')
-    if not 0 <= process_index < process_count:
-      raise ConfigError(f'process_index must be in [0, {process_count}), got {process_index}')
 
     self._buckets = [int(b) for b in buckets]
     self._seed = seed
@@ -277,7 +284,7 @@ class BucketedBatcher:
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     """Evaluation: one full ordered pass. Training: endless, from the saved position.
 
-    Training iterators share the batcher's position, so `get_state()` after
+    Training iterators share the batcher's position, so `state()` after
     taking k batches points at batch k + 1.
     """
     if not self._shuffle:
@@ -293,12 +300,12 @@ class BucketedBatcher:
         self._epoch, self._position = self._epoch + 1, 0
       yield self._make_batch(bucket, indices)
 
-  def get_state(self) -> dict[str, int]:
+  def state(self) -> dict[str, int]:
     """The position to save with a checkpoint: the epoch and batches taken from it."""
     return {'epoch': self._epoch, 'position': self._position}
 
-  def set_state(self, state: dict[str, int]) -> None:
-    """Restores a position from `get_state()`; the next batch is the one that was next."""
+  def restore(self, state: dict[str, int]) -> None:
+    """Restores a position from `state()`; the next batch is the one that was next."""
     epoch, position = parse_position(state)
     if epoch < 0 or not 0 <= position <= self.num_batches_per_epoch:
       raise ConfigError(f'saved data position {state} does not fit this data, which has '
@@ -307,35 +314,3 @@ class BucketedBatcher:
     if position == self.num_batches_per_epoch:
       epoch, position = epoch + 1, 0
     self._epoch, self._position = epoch, position
-
-
-class StepIndexedBatches(abc.ABC):
-  """Endless batches where batch `step` is a pure function of (seed, step): the position to
-  save is the step alone. Subclasses define `batch(step)` and call `_init_rows` so that with
-  several processes each yields its own contiguous slice of the same global batch (the global
-  batch does not depend on the process count)."""
-
-  step = 0
-
-  def _init_rows(self, batch_size: int, process_index: int, process_count: int):
-    if batch_size % process_count:
-      raise DataError(f'batch size {batch_size} is not divisible by the {process_count} '
-                      'processes')
-    local = batch_size // process_count
-    self._rows = slice(process_index * local, (process_index + 1) * local)
-
-  @abc.abstractmethod
-  def batch(self, step: int):
-    """The rows of global batch `step` that this process feeds."""
-
-  def __iter__(self):
-    while True:
-      batch = self.batch(self.step)
-      self.step += 1
-      yield batch
-
-  def get_state(self) -> dict:
-    return {'step': self.step}
-
-  def set_state(self, state: dict):
-    self.step = int(state['step'])

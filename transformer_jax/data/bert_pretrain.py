@@ -36,9 +36,9 @@ it would see alone in a row, without the padding.
         the paper found slightly better than FULL-SENTENCES but set aside because inputs near a
         document's end are short (it grew the batch size to make up for them); packed, those
         short chunks share rows instead of padding them. The chunks are packed once into rows
-        (best-fit decreasing on their lengths, so rows come out nearly full; `pack_lengths`),
-        and every epoch feeds every row once in an order drawn from (seed, epoch), as the
-        unpacked rows.
+        (best-fit decreasing on their lengths, so rows come out nearly full;
+        `packing.pack_lengths`), and every epoch feeds every row once in an order drawn from
+        (seed, epoch), as the unpacked rows.
 Masks are drawn per example, exactly as for an unpacked example (never on special tokens, at
 most max_predictions each); a row's predictions share `row_predictions` slots
 (round(max_len * mask_rate) plus max_len / 16, rounded up, for each example's count being
@@ -56,7 +56,8 @@ import gzip
 import numpy as np
 from absl import logging
 
-from transformer_jax.data.batching import StepIndexedBatches
+from transformer_jax.data.batches import StepIndexedBatches
+from transformer_jax.data.packing import pack_lengths
 from transformer_jax.errors import DataError
 
 Batch = dict[str, np.ndarray]
@@ -250,28 +251,6 @@ def document_chunks(documents: list[list[np.ndarray]], budget: int) -> tuple[lis
     chunks += rows
     truncated += cut
   return chunks, truncated
-
-
-def pack_lengths(lengths, capacity: int) -> list[list[int]]:
-  """Rows of item indices whose lengths sum to at most `capacity` each: best-fit decreasing
-  (each item, longest first, goes into the fullest row it fits, else a new row), which leaves
-  little room unused. Each row lists its items in index order; rows in order of creation."""
-  lengths = [int(n) for n in lengths]
-  if any(not 0 < n <= capacity for n in lengths):
-    raise DataError(f'items to pack must have 1 to {capacity} tokens')
-  rows: list[list[int]] = []
-  free: list[list[int]] = [[] for _ in range(capacity + 1)]  # free[c]: rows with c slots left
-  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-    n = lengths[i]
-    room = next((c for c in range(n, capacity + 1) if free[c]), None)
-    if room is None:
-      rows.append([])
-      row, room = len(rows) - 1, capacity
-    else:
-      row = free[room].pop()
-    rows[row].append(i)
-    free[room - n].append(row)
-  return [sorted(row) for row in rows]
 
 
 def mask_tokens(ids: np.ndarray, special: np.ndarray, vocab_size: int, mask_id: int,

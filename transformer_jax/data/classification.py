@@ -19,10 +19,10 @@ max_len; each bucket is one compiled shape. Training order is a permutation draw
 
 import csv
 import os
-from collections.abc import Iterator
 
 import numpy as np
 
+from transformer_jax.data.batches import ShuffledEpochBatches
 from transformer_jax.errors import DataError
 
 Batch = dict[str, np.ndarray]
@@ -209,41 +209,19 @@ def make_batch(rows: list[np.ndarray], labels: np.ndarray, weights: np.ndarray, 
   }
 
 
-class ClassificationBatches:
+class ClassificationBatches(ShuffledEpochBatches):
   """Endless shuffled training batches of `batch_size` rows (this process's slice)."""
 
   def __init__(self, rows: list[np.ndarray], labels: list[int], *, batch_size: int, max_len: int,
                seed: int, process_index: int = 0, process_count: int = 1):
-    if len(rows) < batch_size:
-      raise DataError(f'{len(rows)} training examples are fewer than one batch of {batch_size}')
-    if batch_size % process_count:
-      raise DataError(f'batch size {batch_size} is not divisible by {process_count} processes')
+    super().__init__(len(rows), batch_size=batch_size, seed=seed, process_index=process_index,
+                     process_count=process_count)
     self.rows, self.labels = rows, np.asarray(labels, np.int32)
-    self.batch_size, self.seed, self.buckets = batch_size, seed, default_buckets(max_len)
-    local = batch_size // process_count
-    self._local = slice(process_index * local, (process_index + 1) * local)
-    self.batches_per_epoch = len(rows) // batch_size
-    self.epoch, self.index = 0, 0
+    self.buckets = default_buckets(max_len)
 
-  def batch(self, epoch: int, index: int) -> Batch:
-    order = np.random.default_rng((self.seed, epoch)).permutation(len(self.rows))
-    chosen = order[index * self.batch_size:(index + 1) * self.batch_size][self._local]
+  def make_batch(self, chosen: np.ndarray) -> Batch:
     return make_batch([self.rows[i] for i in chosen], self.labels[chosen],
                       np.ones(len(chosen), np.float32), self.buckets, len(chosen))
-
-  def __iter__(self) -> Iterator[Batch]:
-    while True:
-      if self.index >= self.batches_per_epoch:
-        self.epoch, self.index = self.epoch + 1, 0
-      batch = self.batch(self.epoch, self.index)
-      self.index += 1
-      yield batch
-
-  def get_state(self) -> dict:
-    return {'epoch': self.epoch, 'index': self.index}
-
-  def set_state(self, state: dict):
-    self.epoch, self.index = int(state['epoch']), int(state['index'])
 
 
 def eval_batches(rows: list[np.ndarray], labels: list[int], *, batch_size: int, max_len: int,

@@ -16,10 +16,10 @@ data/classification.py, whose shuffling and resumable position these batches sha
 
 import dataclasses
 import os
-from collections.abc import Iterator
 
 import numpy as np
 
+from transformer_jax.data.batches import ShuffledEpochBatches
 from transformer_jax.data.classification import default_buckets
 from transformer_jax.errors import DataError
 
@@ -135,43 +135,21 @@ def make_batch(rows: list[np.ndarray], labels: list[np.ndarray], buckets: list[i
   }
 
 
-class TaggingBatches:
+class TaggingBatches(ShuffledEpochBatches):
   """Endless shuffled training batches of `batch_size` rows (this process's slice); the same
   order and resumable (epoch, batch) position as `classification.ClassificationBatches`."""
 
   def __init__(self, encoded: Encoded, *, batch_size: int, max_len: int, seed: int,
                process_index: int = 0, process_count: int = 1):
-    if len(encoded.rows) < batch_size:
-      raise DataError(f'{len(encoded.rows)} training sentences are fewer than one batch of '
-                      f'{batch_size}')
-    if batch_size % process_count:
-      raise DataError(f'batch size {batch_size} is not divisible by {process_count} processes')
+    super().__init__(len(encoded.rows), batch_size=batch_size, seed=seed,
+                     process_index=process_index, process_count=process_count,
+                     what='training sentences')
     self.rows, self.labels = encoded.rows, encoded.labels
-    self.batch_size, self.seed, self.buckets = batch_size, seed, default_buckets(max_len)
-    local = batch_size // process_count
-    self._local = slice(process_index * local, (process_index + 1) * local)
-    self.batches_per_epoch = len(self.rows) // batch_size
-    self.epoch, self.index = 0, 0
+    self.buckets = default_buckets(max_len)
 
-  def batch(self, epoch: int, index: int) -> Batch:
-    order = np.random.default_rng((self.seed, epoch)).permutation(len(self.rows))
-    chosen = order[index * self.batch_size:(index + 1) * self.batch_size][self._local]
+  def make_batch(self, chosen: np.ndarray) -> Batch:
     return make_batch([self.rows[i] for i in chosen], [self.labels[i] for i in chosen],
                       self.buckets, len(chosen))
-
-  def __iter__(self) -> Iterator[Batch]:
-    while True:
-      if self.index >= self.batches_per_epoch:
-        self.epoch, self.index = self.epoch + 1, 0
-      batch = self.batch(self.epoch, self.index)
-      self.index += 1
-      yield batch
-
-  def get_state(self) -> dict:
-    return {'epoch': self.epoch, 'index': self.index}
-
-  def set_state(self, state: dict):
-    self.epoch, self.index = int(state['epoch']), int(state['index'])
 
 
 def eval_batches(encoded: Encoded, *, batch_size: int, max_len: int, process_index: int = 0,

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from transformer_jax.data.batching import StepIndexedBatches
+from transformer_jax.data.batches import StepIndexedBatches
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.special_tokens import EOS_ID

@@ -21,6 +21,15 @@ the first pair that does not fit (window=1, next fit, the flax rule).
 The plan of an epoch (which examples go in which row, in which order) is a pure function of
 (seed, epoch), so the position {'epoch', 'position'} is enough to resume exactly where a run
 stopped.
+
+The two packers here differ in what they know and when. `pack_rows` sees the examples of an
+epoch one at a time in that epoch's shuffled order (online), needs room on both streams of a
+pair, and lets an example join only the last `window` open rows, so rows close early and each
+epoch packs afresh in O(window) per example. `pack_lengths` packs one stream once, knowing every
+length first (offline): best fit decreasing over all rows (BERT's document chunks, packed once
+and fed in a new order every epoch). Neither computes the other's rows: first fit in a given
+order and best fit in decreasing order place examples differently, and the rows of each are what
+the batches of their callers (and the packed == unpacked tests) are made of.
 """
 
 from collections.abc import Iterator
@@ -28,7 +37,7 @@ from collections.abc import Iterator
 from absl import logging
 import numpy as np
 
-from transformer_jax.data.batching import _PackedSequences, parse_position
+from transformer_jax.data.batching import _PackedSequences, check_examples, parse_position
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_tokens import PAD_ID
 
@@ -93,6 +102,28 @@ def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray | None, order: np
   return members, offsets
 
 
+def pack_lengths(lengths, capacity: int) -> list[list[int]]:
+  """Rows of item indices whose lengths sum to at most `capacity` each: best-fit decreasing
+  (each item, longest first, goes into the fullest row it fits, else a new row), which leaves
+  little room unused. Each row lists its items in index order; rows in order of creation."""
+  lengths = [int(n) for n in lengths]
+  if any(not 0 < n <= capacity for n in lengths):
+    raise DataError(f'items to pack must have 1 to {capacity} tokens')
+  rows: list[list[int]] = []
+  free: list[list[int]] = [[] for _ in range(capacity + 1)]  # free[c]: rows with c slots left
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    n = lengths[i]
+    room = next((c for c in range(n, capacity + 1) if free[c]), None)
+    if room is None:
+      rows.append([])
+      row, room = len(rows) - 1, capacity
+    else:
+      row = free[room].pop()
+    rows[row].append(i)
+    free[room - n].append(row)
+  return [sorted(row) for row in rows]
+
+
 class _Plan:
   """One epoch's packing: the rows (as members/offsets) and what they hold."""
 
@@ -138,17 +169,11 @@ class PackedBatcher:
       process_index: Index of this process among `process_count`.
       process_count: Number of processes that share each global batch.
     """
-    if tgt is not None and len(tgt) != len(src):
-      raise ValueError(f'src and tgt must have the same length, got {len(src)} and {len(tgt)}')
-    if len(src) == 0:
-      raise DataError('there are no examples to pack')
+    check_examples(src, tgt, seed=seed, process_index=process_index, process_count=process_count,
+                   verb='pack')
     if batch_tokens < 1 or multiple_of < 1 or length < 1 or window < 1:
       raise ConfigError(f'batch_tokens, length, multiple_of and window must be positive, got '
                         f'{batch_tokens}, {length}, {multiple_of} and {window}')
-    if seed < 0:
-      raise ConfigError(f'seed must be non-negative, got {seed}')
-    if not 0 <= process_index < process_count:
-      raise ConfigError(f'process_index must be in [0, {process_count}), got {process_index}')
     self.length = int(length)
     self.rows = rows_per_batch(batch_tokens, self.length, multiple_of)
     if self.rows % process_count:
@@ -271,7 +296,7 @@ class PackedBatcher:
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     """Evaluation: one full ordered pass. Training: endless, from the saved position.
 
-    Training iterators share the batcher's position, so `get_state()` after taking k batches
+    Training iterators share the batcher's position, so `state()` after taking k batches
     points at batch k + 1.
     """
     if not self._shuffle:
@@ -293,12 +318,12 @@ class PackedBatcher:
     """Rows of the global batches (every one has the same shape)."""
     return [self.rows]
 
-  def get_state(self) -> dict[str, int]:
+  def state(self) -> dict[str, int]:
     """The position to save with a checkpoint: the epoch and batches taken from it."""
     return {'epoch': self._epoch, 'position': self._position}
 
-  def set_state(self, state: dict[str, int]) -> None:
-    """Restores a position from `get_state()`; the next batch is the one that was next."""
+  def restore(self, state: dict[str, int]) -> None:
+    """Restores a position from `state()`; the next batch is the one that was next."""
     epoch, position = parse_position(state)
     if epoch < 0:
       raise ConfigError(f'saved data position {state} has a negative epoch')

@@ -317,22 +317,22 @@ class SpanCorruptionBatcher:
     while True:
       epoch = self._epoch
       batcher = self._epoch_batcher(epoch)
-      batcher.set_state({'epoch': epoch, 'position': self._position})
+      batcher.restore({'epoch': epoch, 'position': self._position})
       for batch in batcher:
-        state = batcher.get_state()
+        state = batcher.state()
         self._epoch, self._position = state['epoch'], state['position']
         yield batch if self._targets_length is None else crop_targets(batch, self._targets_length)
         if self._epoch != epoch:
           break  # the next epoch has new masks: corrupt again
 
-  def get_state(self) -> dict[str, int]:
+  def state(self) -> dict[str, int]:
     return {'epoch': self._epoch, 'position': self._position}
 
-  def set_state(self, state: dict[str, int]) -> None:
-    """Restores a position from `get_state()` (checked against this data's epoch size)."""
+  def restore(self, state: dict[str, int]) -> None:
+    """Restores a position from `state()` (checked against this data's epoch size)."""
     batcher = self._epoch_batcher(self._epoch)
-    batcher.set_state(state)  # validates, and rolls a position at the end into the next epoch
-    state = batcher.get_state()
+    batcher.restore(state)  # validates, and rolls a position at the end into the next epoch
+    state = batcher.state()
     self._epoch, self._position = state['epoch'], state['position']
 
 

@@ -186,7 +186,7 @@ class Trainer:
       return self.init_state()
     state, data_state, step = restored
     if data is not None and data_state:
-      data.set_state(data_state)
+      data.restore(data_state)
     logging.info('restored checkpoint at step %d from %s', step, self.checkpointer.directory)
     return state
 
@@ -293,8 +293,8 @@ class Trainer:
             pending = []
           if eval_every and step % eval_every == 0 and not stop:
             final.update(self._evaluate_and_log(state.params, step, eval_batches_fn))
-          if self.checkpointer.maybe_save(step, state, train_data.get_state(),
-                                          self.layout.to_json(), force=bool(stop)):
+          if self.checkpointer.maybe_save(step, state, train_data.state(), self.layout.to_json(),
+                                          force=bool(stop)):
             logging.info('saved checkpoint at step %d', step)
         interrupted = stop not in (None, _DONE, _OUT_OF_TIME)
         if interrupted:
