@@ -41,35 +41,36 @@ BERT_ARCHITECTURE = dict(norm_type='layernorm', norm_position='post', norm_epsil
                          embedding_norm=True, position='learned', activation='gelu_exact',
                          use_bias=True, tie_output=True, scale_embeddings=False,
                          embed_init_std=0.02)
+# BERT-base's sizes (110M), the default of `bert_config`.
+BERT_BASE = dict(vocab_size=30522, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
+                 num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1)
 
 
 def bert_config(**overrides) -> TransformerConfig:
   """BERT-base by default (110M); override sizes for smaller models."""
-  values = dict(vocab_size=30522, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
-                num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
-                **BERT_ARCHITECTURE)
-  values.update(overrides)
-  return TransformerConfig(**values)
+  return TransformerConfig(**{**BERT_BASE, **BERT_ARCHITECTURE, **overrides})
 
 
 # RoBERTa (Liu et al. 2019) keeps BERT's architecture; its differences are in the data (byte-level
 # BPE, dynamic masking, full-sentence inputs, no NSP) and in the LayerNorm epsilon (1e-5).
 ROBERTA_ARCHITECTURE = dict(BERT_ARCHITECTURE, norm_epsilon=1e-5)
+# RoBERTa-base's sizes (125M): BERT-base's with its byte-level vocabulary.
+ROBERTA_BASE = dict(BERT_BASE, vocab_size=50265)
 
 # ALBERT's switches beside BERT's: tanh-approximated GELU (HF 'gelu_new'), one layer's parameters
 # shared by every layer. The embedding width (embedding_size) is a size, set by albert_config.
 ALBERT_ARCHITECTURE = dict(BERT_ARCHITECTURE, activation='gelu', share_layers=True)
+# ALBERT-base's sizes (albert-base-v2): E = 128, D = 768, 12 heads, 12 applications of one
+# shared layer, no dropout (v2).
+ALBERT_BASE = dict(BERT_BASE, vocab_size=30000, embedding_size=128, dropout_rate=0.0,
+                   attention_dropout_rate=0.0)
 
 
 def albert_config(**overrides) -> TransformerConfig:
   """ALBERT-base (albert-base-v2, 11.7M parameters with the pooler) by default: E = 128, D = 768,
   12 heads, 12 applications of one shared layer, no dropout (v2); override sizes for smaller
   models."""
-  values = dict(vocab_size=30000, embedding_size=128, emb_dim=768, num_heads=12, mlp_dim=3072,
-                num_encoder_layers=12, num_decoder_layers=0, max_len=512, dropout_rate=0.0,
-                attention_dropout_rate=0.0, **ALBERT_ARCHITECTURE)
-  values.update(overrides)
-  return TransformerConfig(**values)
+  return TransformerConfig(**{**ALBERT_BASE, **ALBERT_ARCHITECTURE, **overrides})
 
 
 def roberta_config(**overrides) -> TransformerConfig:
@@ -78,11 +79,7 @@ def roberta_config(**overrides) -> TransformerConfig:
   max_len counts usable positions (512); HF's table has 514 rows because its positions start
   at padding_idx + 1 (convert/hf_roberta.py handles that offset).
   """
-  values = dict(vocab_size=50265, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=12,
-                num_decoder_layers=0, max_len=512, dropout_rate=0.1, attention_dropout_rate=0.1,
-                **ROBERTA_ARCHITECTURE)
-  values.update(overrides)
-  return TransformerConfig(**values)
+  return TransformerConfig(**{**ROBERTA_BASE, **ROBERTA_ARCHITECTURE, **overrides})
 
 
 def _dense(cfg: TransformerConfig, features: int, axes, name: str) -> DenseGeneral:

@@ -26,6 +26,9 @@ from transformer_jax.model_config import TransformerConfig
 GPT2_ARCHITECTURE = dict(norm_type='layernorm', norm_position='pre', norm_epsilon=1e-5,
                          position='learned', activation='gelu', use_bias=True, tie_output=True,
                          scale_embeddings=False, embed_init_std=0.02)
+# GPT-2 small's sizes (124M), the default of `gpt2_config`.
+GPT2_SMALL = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
+                  num_decoder_layers=12, max_len=1024, dropout_rate=0.1, attention_dropout_rate=0.1)
 
 # LLaMA's architecture (Touvron et al. 2023), whatever its size: rotary positions (rotate-half,
 # base 10000), Pre-RMSNorm, SwiGLU, no biases, an untied output projection, unscaled embeddings,
@@ -36,15 +39,15 @@ LLAMA_ARCHITECTURE = dict(norm_type='rmsnorm', norm_position='pre', norm_epsilon
                           position='rotary', rotary_base=10000.0, activation='swiglu',
                           use_bias=False, tie_output=False, scale_embeddings=False,
                           embed_init_std=0.02)
+# The sizes of `llama_config`'s default: a small model, 8 layers of width 512.
+LLAMA_SMALL = dict(vocab_size=32000, emb_dim=512, num_heads=8, num_kv_heads=2, mlp_dim=1408,
+                   num_encoder_layers=0, num_decoder_layers=8, max_len=1024, dropout_rate=0.0,
+                   attention_dropout_rate=0.0)
 
 
 def gpt2_config(**overrides) -> TransformerConfig:
   """GPT-2 small (124M) by default; override sizes for smaller models."""
-  values = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
-                num_decoder_layers=12, max_len=1024, dropout_rate=0.1, attention_dropout_rate=0.1,
-                **GPT2_ARCHITECTURE)
-  values.update(overrides)
-  return TransformerConfig(**values)
+  return TransformerConfig(**{**GPT2_SMALL, **GPT2_ARCHITECTURE, **overrides})
 
 
 def llama_config(**overrides) -> TransformerConfig:
@@ -52,11 +55,7 @@ def llama_config(**overrides) -> TransformerConfig:
 
   A small model by default (8 layers, width 512); override sizes for others.
   """
-  values = dict(vocab_size=32000, emb_dim=512, num_heads=8, num_kv_heads=2, mlp_dim=1408,
-                num_encoder_layers=0, num_decoder_layers=8, max_len=1024, dropout_rate=0.0,
-                attention_dropout_rate=0.0, **LLAMA_ARCHITECTURE)
-  values.update(overrides)
-  return TransformerConfig(**values)
+  return TransformerConfig(**{**LLAMA_SMALL, **LLAMA_ARCHITECTURE, **overrides})
 
 
 class GPT(nn.Module):
