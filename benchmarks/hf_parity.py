@@ -10,10 +10,10 @@ init's unit norms and zero biases would hide a mis-mapped norm or bias; GPT-2 by
 0.05, so that its greedy continuations vary), and saved with `save_pretrained` to a temporary
 directory. Then:
 
-  import     max |our logits - HF's| after `load_hf_<family>` on a fixed batch. T5: teacher-
-             forced, source rows padded (HF gets the attention mask, ours masks PAD ids). BERT:
-             the MLM logits at every real (non-pad) position of a `BertForPreTraining`, and its
-             NSP logits (`import_sentence_max_abs_diff`).
+  import     max |our logits - HF's| after `families.named(family).load(d)` on a fixed batch.
+             T5: teacher-forced, source rows padded (HF gets the attention mask, ours masks PAD
+             ids). BERT: the MLM logits at every real (non-pad) position of a
+             `BertForPreTraining`, and its NSP logits (`import_sentence_max_abs_diff`).
   greedy     causal LMs and T5: greedy continuations of `new_tokens` ids, ours (KV-cache
              decoding: `LanguageModelTask.generate`, `TranslationTask.predict_tokens`) against
              HF's `generate`; the fraction of identical ids. Causal LMs run without EOS, so
@@ -21,8 +21,8 @@ directory. Then:
   export     `<family>_config_to_hf` + `export_<family>_state_dict` written with
              `convert.export.write_hf_directory`, reloaded with transformers' Auto class
              (missing / unexpected keys reported), max |our logits - the reloaded model's|.
-  round trip whether `load_hf_<family>` of the exported directory gives our params back bit
-             for bit (and the same config).
+  round trip whether importing the exported directory gives our params back bit for bit (and
+             the same config).
   scale      max |logit| of the HF model on the import batch: what the differences compare to.
 
 Families: gpt2 (tied head, gelu_new), llama (grouped-query attention 4:2, rope_theta 500, untied
@@ -146,17 +146,20 @@ def agreement(ours: np.ndarray, theirs: np.ndarray) -> dict:
 # -- causal LMs: GPT-2, LLaMA --------------------------------------------------------------------
 
 
-def _causal_lm(family: str, hf_model, load: Callable, to_hf: Callable, export_state: Callable,
-               root: str, seed: int, quick: bool, new_tokens: int) -> dict:
-  """Import, greedy generation, export and round trip of a `GPT`-architecture family."""
+def _causal_lm(family: str, hf_model, to_hf: Callable, export_state: Callable, root: str, seed: int,
+               quick: bool, new_tokens: int) -> dict:
+  """Import (`families.named(family).load`), greedy generation, export and round trip of a
+  `GPT`-architecture family."""
   import jax
   import jax.numpy as jnp
   import torch
   import transformers
+  from transformer_jax.convert import families
   from transformer_jax.models.gpt import GPT
   from transformer_jax.tasks.lm import LanguageModelTask
   directory = save(hf_model, root, family)
-  cfg, params = load(directory)
+  imported = families.named(family).load(directory)
+  cfg, params = imported.config, imported.params
   vocab = cfg.vocab_size
   rng = np.random.default_rng(seed)
   batch, length = (2, 16) if quick else (3, 40)
@@ -188,9 +191,9 @@ def _causal_lm(family: str, hf_model, load: Callable, to_hf: Callable, export_st
   figures['export_class'] = type(reloaded).__name__
   figures['export_max_abs_diff'] = max_abs(ours, hf_logits(reloaded))
   figures.update(loading_figures(info))
-  cfg2, params2 = load(out)
-  figures['round_trip_bitwise'] = bitwise_equal(params2, params)
-  figures['round_trip_config_equal'] = cfg2 == cfg
+  again = families.named(family).load(out)
+  figures['round_trip_bitwise'] = bitwise_equal(again.params, params)
+  figures['round_trip_config_equal'] = again.config == cfg
   figures['max_abs_logit'] = float(np.abs(theirs).max())
   figures['shapes'] = {'logits': list(ours.shape), 'prompt': list(prompt.shape)}
   return figures
@@ -208,8 +211,8 @@ def run_gpt2(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   # 0.2, not the tests' 0.05: at 0.05 greedy GPT-2 repeats one or two ids (1 distinct id in 64
   # at seed 0), which would make the generation agreement say nothing.
   model = perturb(transformers.GPT2LMHeadModel(config), seed, scale=0.2)
-  return _causal_lm('gpt2', model, hf_gpt2.load_hf_gpt2, hf_gpt2.gpt2_config_to_hf,
-                    hf_gpt2.export_gpt2_state_dict, root, seed, quick, new_tokens)
+  return _causal_lm('gpt2', model, hf_gpt2.gpt2_config_to_hf, hf_gpt2.export_gpt2_state_dict, root,
+                    seed, quick, new_tokens)
 
 
 def run_llama(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
@@ -224,8 +227,8 @@ def run_llama(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
                                     tie_word_embeddings=False)
   model = perturb(transformers.LlamaForCausalLM(config), seed)
   to_hf = functools.partial(hf_llama.llama_config_to_hf, bos_token_id=1, eos_token_id=2)
-  return _causal_lm('llama', model, hf_llama.load_hf_llama, to_hf, hf_llama.export_llama_state_dict,
-                    root, seed, quick, new_tokens)
+  return _causal_lm('llama', model, to_hf, hf_llama.export_llama_state_dict, root, seed, quick,
+                    new_tokens)
 
 
 def run_opt(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
@@ -242,12 +245,7 @@ def run_opt(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   family = families.named('opt')
   to_hf, export_state = family.exporters(
       special_ids={'bos_token_id': 2, 'eos_token_id': 2, 'pad_token_id': 1})
-
-  def load(directory):
-    imported = family.load(directory)
-    return imported.config, imported.params
-
-  return _causal_lm('opt', model, load, to_hf, export_state, root, seed, quick, new_tokens)
+  return _causal_lm('opt', model, to_hf, export_state, root, seed, quick, new_tokens)
 
 
 # -- T5 -------------------------------------------------------------------------------------------
@@ -307,7 +305,8 @@ def run_t5(version: str, root: str, seed: int, quick: bool, new_tokens: int) -> 
   hf_model = _t5_model(version, seed)
   name = f't5_v{version.replace(".", "_")}'
   directory = save(hf_model, root, name)
-  cfg, params = hf_t5.load_hf_t5(directory)
+  imported = hf_t5.load(directory)
+  cfg, params = imported.config, imported.params
   rng = np.random.default_rng(seed)
   rows, source_length, target_length = (2, 8, 6) if quick else (3, 12, 10)
   inputs, valid = _t5_sources(rng, rows, source_length)
@@ -350,9 +349,9 @@ def run_t5(version: str, root: str, seed: int, quick: bool, new_tokens: int) -> 
   figures['export_class'] = type(reloaded).__name__
   figures['export_max_abs_diff'] = max_abs(ours, hf_logits(reloaded))
   figures.update(loading_figures(info))
-  cfg2, params2 = hf_t5.load_hf_t5(out)
-  figures['round_trip_bitwise'] = bitwise_equal(params2, params)
-  figures['round_trip_config_equal'] = cfg2 == cfg
+  again = hf_t5.load(out)
+  figures['round_trip_bitwise'] = bitwise_equal(again.params, params)
+  figures['round_trip_config_equal'] = again.config == cfg
   figures['max_abs_logit'] = float(np.abs(theirs).max())
   figures['shapes'] = {'logits': list(ours.shape), 'sources': list(inputs.shape)}
   return figures
@@ -370,13 +369,12 @@ def _bert_inputs(rng, vocab: int, rows: int, length: int, low: int = 5):
   return np.where(valid, tokens, 0), segments, valid
 
 
-def _encoder(name: str, hf_model, directory: str, load: Callable, to_hf: Callable,
-             export_state: Callable, auto_class, root: str, seed: int, quick: bool,
-             hf_pad_id: int = 0, cls_id: int = 2, to_ours: Callable | None = None,
-             with_segments: bool = True) -> dict:
+def _encoder(name: str, hf_model, directory: str, to_hf: Callable, export_state: Callable,
+             auto_class, root: str, seed: int, quick: bool, hf_pad_id: int = 0, cls_id: int = 2,
+             to_ours: Callable | None = None, with_segments: bool = True) -> dict:
   """Import, export and round trip of a `Bert`-architecture family with an MLM head.
 
-  `load(directory) -> (cfg, params, heads)`. The batch is drawn in HF's ids (PAD `hf_pad_id`,
+  Imported by `families.named(name).load`. The batch is drawn in HF's ids (PAD `hf_pad_id`,
   each row starting with `cls_id`: [CLS] 2, RoBERTa's <s> 0); `to_ours` maps them to ours
   (RoBERTa's renumbering, its own inverse, so it also puts our logit columns in HF's order). MLM
   logits are compared at every real position (HF masks padding through attention_mask, ours by
@@ -388,9 +386,11 @@ def _encoder(name: str, hf_model, directory: str, load: Callable, to_hf: Callabl
   import jax
   import jax.numpy as jnp
   import torch
+  from transformer_jax.convert import families
   from transformer_jax.models.bert import Bert
   to_ours = to_ours or (lambda ids: ids)
-  cfg, params, heads = load(directory)
+  imported = families.named(name).load(directory)
+  cfg, params, heads = imported.config, imported.params, imported.heads
   rng = np.random.default_rng(seed)
   rows, length = (2, 12) if quick else (3, 20)
   hf_tokens, segments, valid = _bert_inputs(rng, cfg.vocab_size, rows, length)
@@ -444,9 +444,9 @@ def _encoder(name: str, hf_model, directory: str, load: Callable, to_hf: Callabl
                 'special_tokens_map.json'):
     if os.path.exists(os.path.join(directory, extra)):
       shutil.copy(os.path.join(directory, extra), os.path.join(out, extra))
-  cfg2, params2, heads2 = load(out)
-  figures['round_trip_bitwise'] = bitwise_equal(params2, params)
-  figures['round_trip_config_equal'] = cfg2 == cfg and heads2 == heads
+  again = families.named(name).load(out)
+  figures['round_trip_bitwise'] = bitwise_equal(again.params, params)
+  figures['round_trip_config_equal'] = again.config == cfg and again.heads == heads
   figures['max_abs_logit'] = float(np.abs(theirs[valid]).max())
   figures['shapes'] = {'mlm_logits': list(theirs.shape)}
   return figures
@@ -473,12 +473,7 @@ def run_bert(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   model = perturb(transformers.BertForPreTraining(transformers.BertConfig(**BERT_SMALL)), seed)
   directory = save(model, root, 'bert')
   _wordpiece_vocab(directory, BERT_SMALL['vocab_size'])
-
-  def load(d):
-    cfg, params, _, heads = hf_bert.load_hf_bert(d)
-    return cfg, params, heads
-
-  return _encoder('bert', model, directory, load, hf_bert.bert_config_to_hf,
+  return _encoder('bert', model, directory, hf_bert.bert_config_to_hf,
                   hf_bert.export_bert_state_dict, transformers.AutoModelForPreTraining, root, seed,
                   quick)
 
@@ -498,9 +493,9 @@ def run_albert(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
                                      layer_norm_eps=1e-12, hidden_act='gelu_new')
   model = perturb(transformers.AlbertForPreTraining(config), seed)
   directory = save(model, root, 'albert')
-  return _encoder('albert', model, directory, hf_albert.load_hf_albert,
-                  hf_albert.albert_config_to_hf, hf_albert.export_albert_state_dict,
-                  transformers.AutoModelForPreTraining, root, seed, quick)
+  return _encoder('albert', model, directory, hf_albert.albert_config_to_hf,
+                  hf_albert.export_albert_state_dict, transformers.AutoModelForPreTraining, root,
+                  seed, quick)
 
 
 def run_roberta(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
@@ -521,13 +516,8 @@ def run_roberta(root: str, seed: int, quick: bool, new_tokens: int) -> dict:
   model = perturb(transformers.RobertaForMaskedLM(config), seed)
   directory = save(model, root, 'roberta')
   _byte_level_vocabulary(directory, specials)
-
-  def load(d):
-    cfg, params, _, heads = hf_roberta.load_hf_roberta(d)
-    return cfg, params, heads
-
   pad = config.pad_token_id
-  return _encoder('roberta', model, directory, load, hf_roberta.roberta_config_to_hf,
+  return _encoder('roberta', model, directory, hf_roberta.roberta_config_to_hf,
                   functools.partial(hf_roberta.export_roberta_state_dict, pad_token_id=pad),
                   transformers.AutoModelForMaskedLM, root, seed, quick, hf_pad_id=pad, cls_id=0,
                   to_ours=functools.partial(hf_roberta.swap_ids, pad_id=pad), with_segments=False)

@@ -8,7 +8,7 @@ r"""Sample text from a trained language-model workdir, or from an imported Huggi
 --workdir: a workdir trained by experiments.lm; loads its config, tokenizer and latest checkpoint.
 --hf_dir: a Hugging Face causal LM folder (config.json, model.safetensors and the tokenizer files:
 tokenizer.json, or GPT-2's vocab.json + merges.txt, or tokenizer.model), GPT-2 or LLaMA by
-config.json's model_type; its weights are imported (transformer_jax.convert.hf_auto) and its
+config.json's model_type; its weights are imported (transformer_jax.convert.families) and its
 tokenizer read with transformer_jax.data.hf_tokenizer. Pass exactly one of the two.
 
 Prints prompt + continuation on stdout (logs go to stderr); a continuation stops at the model's

@@ -36,7 +36,7 @@ SST2 = os.path.join('experiments', 'configs', 'sst2_minilm.py')
 
 def write_tiny_hf_bert(directory, words, *, seed=0, max_len=32, width=32, layers=1) -> str:
   """A random (default 1-layer, 32-wide) BERT as an HF directory (config.json, model.safetensors,
-  vocab.txt) written by `export_bert_state_dict`: what `load_hf_bert` reads, without torch."""
+  vocab.txt) written by `export_bert_state_dict`: what `hf_bert.load` reads, without torch."""
   from safetensors.numpy import save_file
   vocab = SPECIAL + list(words)
   cfg = bert_config(vocab_size=len(vocab), emb_dim=width, num_heads=2, mlp_dim=2 * width,

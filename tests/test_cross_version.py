@@ -88,7 +88,7 @@ def test_the_language_model_exports_and_reimports_the_same_weights(copy, tmp_pat
   out = tmp_path / 'hf'
   printed = write_workdirs.run('experiments.export', f'--workdir={written}', f'--out={out}')
   assert printed.split() == [str(out), 'gpt2']
-  _, reimported = hf_gpt2.load_hf_gpt2(str(out))
+  reimported = hf_gpt2.load(str(out)).params
   config = load_saved_config(str(written))
   _, trainer, _, params = lm.restore_for_inference(config, str(written))
   trainer.close()

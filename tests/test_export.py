@@ -167,7 +167,8 @@ def test_char_gpt2_workdir_loads_in_transformers(char_workdir, tmp_path, tiny_sh
   print(f'char GPT-2 workdir: max |logits difference| = {difference:.3g}')
   assert difference <= TOLERANCE
 
-  cfg, imported = hf_gpt2.load_hf_gpt2(out)
+  imported_model = hf_gpt2.load(out)
+  cfg, imported = imported_model.config, imported_model.params
   _assert_bitwise_equal(imported, params)
   fields = ('vocab_size', 'emb_dim', 'num_heads', 'mlp_dim', 'num_decoder_layers', 'max_len',
             'activation', 'norm_epsilon', 'tie_output', 'position', 'norm_position')
@@ -308,11 +309,9 @@ PRETRAINED = {
 
 def _import_bert_family(family: str, directory: str):
   """(cfg, params, tokenizer or None, heads) of an exported BERT, ALBERT or RoBERTa."""
-  from transformer_jax.convert import hf_albert, hf_roberta
-  if family == 'albert':  # its importer reads no tokenizer
-    cfg, params, heads = hf_albert.load_hf_albert(directory)
-    return cfg, params, None, heads
-  return (hf_roberta.load_hf_roberta if family == 'roberta' else hf_bert.load_hf_bert)(directory)
+  from transformer_jax.convert import families
+  imported = families.named(family).load(directory)  # ALBERT's reads no tokenizer: None
+  return imported.config, imported.params, imported.tokenizer, imported.heads
 
 
 @pytest.mark.slow
@@ -414,7 +413,8 @@ def test_finetuned_bert_workdir_loads_in_transformers(finetuned_workdir, tmp_pat
   print(f'fine-tuned BERT workdir: max |difference| {differences}')
   # Three steps leave the classifier's logits small; the encoder's output is not.
   assert np.abs(hidden).max() > 0.5 and max(differences.values()) <= TOLERANCE
-  _, imported, _, heads = hf_bert.load_hf_bert(out)
+  imported_model = hf_bert.load(out)
+  imported, heads = imported_model.params, imported_model.heads
   assert heads == {'mlm': False, 'sentence_classes': 0, 'num_labels': 2, 'type_vocab_size': 2}
   _assert_bitwise_equal(imported, params)
 
@@ -435,7 +435,7 @@ def llama_workdir(tmp_path_factory, tiny_shakespeare):
 def test_llama_workdir_loads_in_transformers(llama_workdir, tmp_path, tiny_shakespeare):
   transformers = _transformers()
   import torch
-  from transformer_jax.convert.hf_llama import load_hf_llama
+  from transformer_jax.convert import hf_llama
   from transformer_jax.models.gpt import GPT
   from transformer_jax.workflows import lm
   workdir, config = llama_workdir
@@ -454,7 +454,7 @@ def test_llama_workdir_loads_in_transformers(llama_workdir, tmp_path, tiny_shake
   difference = float(np.abs(ours - theirs).max())
   print(f'char LLaMA workdir: max |logits difference| = {difference:.3g}')
   assert np.abs(theirs).max() > 0.5 and difference <= TOLERANCE
-  _, imported = load_hf_llama(out)
+  imported = hf_llama.load(out).params
   _assert_bitwise_equal(imported, params)
 
 
@@ -479,7 +479,7 @@ def t5_workdir(tmp_path_factory):
 def test_t5_workdir_loads_in_transformers(t5_workdir, tmp_path):
   transformers = _transformers()
   import torch
-  from transformer_jax.convert.hf_t5 import load_hf_t5
+  from transformer_jax.convert import hf_t5
   from transformer_jax.models.encoder_decoder import EncoderDecoder
   from transformer_jax.special_tokens import EOS_ID
   from transformer_jax.workflows import translation
@@ -519,7 +519,7 @@ def test_t5_workdir_loads_in_transformers(t5_workdir, tmp_path):
   difference = float(np.abs(ours - theirs)[valid].max())
   print(f'T5 workdir: max |logits difference| = {difference:.3g}')
   assert np.abs(theirs[valid]).max() > 0.5 and difference <= TOLERANCE
-  _, imported = load_hf_t5(out)
+  imported = hf_t5.load(out).params
   _assert_bitwise_equal(imported, params)
 
 
@@ -725,7 +725,8 @@ def test_gpt2_export_variants_match_transformers(tmp_path, tie_output, activatio
   print(f'GPT-2 tie_output={tie_output} {activation} scan={scan_layers}: max |difference| = '
         f'{difference:.3g}')
   assert np.abs(theirs).max() > 0.5 and difference <= TOLERANCE
-  imported_cfg, imported = hf_gpt2.load_hf_gpt2(out)
+  imported_model = hf_gpt2.load(out)
+  imported_cfg, imported = imported_model.config, imported_model.params
   assert imported_cfg == cfg  # every switch (dropout, epsilon, init std) comes back
   _assert_bitwise_equal(imported, unstack_layers(run_params))
 
@@ -791,7 +792,7 @@ def test_bert_export_heads_match_transformers(tmp_path, architecture):
 
 
 def _import_bert(directory):
-  """load_hf_bert without vocab.txt: (cfg, params, heads)."""
+  """`hf_bert.load` without vocab.txt: (cfg, params, heads)."""
   with open(os.path.join(directory, 'config.json')) as f:
     cfg, type_vocab_size = hf_bert.bert_config_from_hf(json.load(f))
   state = hf_gpt2.read_state_dict(directory)

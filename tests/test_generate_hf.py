@@ -1,5 +1,5 @@
 """`experiments.generate --hf_dir`: an imported Hugging Face causal LM continues a prompt exactly as
-transformers' own greedy `generate` does; `convert.hf_auto` picks the converter by model_type.
+transformers' own greedy `generate` does; `convert.families` picks the converter by model_type.
 
 The reference is a tiny random GPT2LMHeadModel (perturbed weights) saved with a byte-level BPE
 trained here, so nothing is downloaded. Needs the `parity` extra (torch, transformers).
@@ -19,7 +19,7 @@ torch = pytest.importorskip('torch', reason='needs the parity extra: pip install
 transformers = pytest.importorskip('transformers',
                                    reason='needs the parity extra: pip install -e ".[parity]"')
 
-from transformer_jax.convert import families, hf_auto
+from transformer_jax.convert import families
 from transformer_jax.convert.hf_files import HFModel
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data.hf_tokenizer import GPT2_EOS, HFTokenizer
@@ -175,14 +175,21 @@ def test_llama_folder_with_sentencepiece_model(tmp_path, corpus):
   assert tokenizer.decode(theirs) == tokenizer.decode(generate.until_eos(ours, 2))
 
 
-# -- hf_auto --------------------------------------------------------------------------------------
+# -- families.of_directory ------------------------------------------------------------------------
 
 
-def test_load_hf_causal_lm_dispatches_on_model_type(hf_dir, tmp_path, monkeypatch):
+def load_causal_lm(directory: str, **overrides):
+  """(family name, HFModel) of the causal LM folder `directory`, as workflows/lm.py reads it."""
+  family = families.of_directory(directory, families.CAUSAL_LM)
+  return family.name, family.load(directory, **overrides)
+
+
+def test_a_causal_lm_is_loaded_by_its_model_type(hf_dir, tmp_path, monkeypatch):
   directory, _, _ = hf_dir
-  family, cfg, params = hf_auto.load_hf_causal_lm(str(directory), dropout_rate=0.0)
-  assert family == 'gpt2' and cfg.vocab_size == VOCAB and cfg.num_decoder_layers == 2
-  assert params['token_embed']['embedding'].shape == (VOCAB, 32)
+  family, model = load_causal_lm(str(directory), dropout_rate=0.0)
+  assert family == 'gpt2' and model.config.vocab_size == VOCAB
+  assert model.config.num_decoder_layers == 2 and model.config.dropout_rate == 0.0
+  assert model.params['token_embed']['embedding'].shape == (VOCAB, 32)
 
   # 'llama' goes to convert.hf_llama.load with the overrides (a stand-in module here:
   # the LLaMA converter's own tests check the conversion).
@@ -195,19 +202,19 @@ def test_load_hf_causal_lm_dispatches_on_model_type(hf_dir, tmp_path, monkeypatc
   llama = tmp_path / 'llama'
   llama.mkdir()
   (llama / 'config.json').write_text(json.dumps({'model_type': 'llama'}))
-  assert hf_auto.load_hf_causal_lm(str(llama), dtype='bfloat16') == ('llama', 'cfg', 'params')
+  assert load_causal_lm(str(llama), dtype='bfloat16') == ('llama', HFModel('cfg', 'params'))
   assert calls == [(str(llama), {'dtype': 'bfloat16'})]
 
   (llama / 'config.json').write_text(json.dumps({'model_type': 't5'}))
   causal = ', '.join(families.names(families.CAUSAL_LM))  # gpt2, llama, ...
   with pytest.raises(ConfigError, match=r"model_type='t5'; supported causal language models: "
                      f'{causal}$'):
-    hf_auto.load_hf_causal_lm(str(llama))
+    load_causal_lm(str(llama))
   (llama / 'config.json').write_text('{}')
   with pytest.raises(ConfigError, match='has no model_type'):
-    hf_auto.load_hf_causal_lm(str(llama))
+    load_causal_lm(str(llama))
   with pytest.raises(DataError, match='config.json does not exist'):
-    hf_auto.load_hf_causal_lm(str(tmp_path / 'nowhere'))
+    load_causal_lm(str(tmp_path / 'nowhere'))
   (llama / 'config.json').write_text('{"model_type": ')
   with pytest.raises(DataError, match='cannot read .*config.json'):
-    hf_auto.load_hf_causal_lm(str(llama))
+    load_causal_lm(str(llama))

@@ -94,7 +94,8 @@ def _our_outputs(cfg, params, heads, tokens, segments, positions=POSITIONS):
 
 def test_pretraining_checkpoint_matches_and_round_trips(pretraining, tmp_path):
   model, directory = pretraining
-  cfg, params, heads = hf_albert.load_hf_albert(directory)
+  imported_model = hf_albert.load(directory)
+  cfg, params, heads = imported_model.config, imported_model.params, imported_model.heads
   assert heads == {'mlm': True, 'sentence_classes': 2, 'num_labels': 0, 'type_vocab_size': 2}
   assert (cfg.embedding_size, cfg.emb_dim, cfg.num_encoder_layers, cfg.share_layers,
           cfg.activation) == (16, 32, 3, True, 'gelu')
@@ -144,7 +145,8 @@ def test_model_and_masked_lm_checkpoints(tmp_path):
   tokens, segments, valid = _inputs(seed=2)
   torch.manual_seed(0)
   encoder = _perturbed(transformers.AlbertModel(config))
-  cfg, params, heads = hf_albert.load_hf_albert(_save(encoder, tmp_path / 'model'))
+  imported_model = hf_albert.load(_save(encoder, tmp_path / 'model'))
+  cfg, params, heads = imported_model.config, imported_model.params, imported_model.heads
   assert heads == {'mlm': False, 'sentence_classes': 0, 'num_labels': 0, 'type_vocab_size': 2}
   ours = _our_outputs(cfg, params, heads, tokens, segments)
   theirs = _torch_outputs(encoder, tokens, segments, valid)
@@ -153,7 +155,8 @@ def test_model_and_masked_lm_checkpoints(tmp_path):
 
   torch.manual_seed(3)
   mlm_model = _perturbed(transformers.AlbertForMaskedLM(config))
-  cfg, mlm_params, heads = hf_albert.load_hf_albert(_save(mlm_model, tmp_path / 'mlm'))
+  imported_model = hf_albert.load(_save(mlm_model, tmp_path / 'mlm'))
+  cfg, mlm_params, heads = imported_model.config, imported_model.params, imported_model.heads
   assert heads['mlm'] and not heads['sentence_classes'] and 'pooler' not in mlm_params
   bert = Bert(cfg, **heads)
   # AlbertForMaskedLM has no pooler; give it any values (the MLM logits ignore it).
@@ -217,8 +220,7 @@ def test_bad_checkpoints_are_one_line_errors(pretraining, tmp_path):
   layer = 'albert.encoder.albert_layer_groups.0.albert_layers.0'
 
   missing = {k: v for k, v in state.items() if k != f'{layer}.ffn.weight'}
-  message = _one_line_error(hf_albert.load_hf_albert,
-                            _copy_with_state(directory, tmp_path, missing))
+  message = _one_line_error(hf_albert.load, _copy_with_state(directory, tmp_path, missing))
   assert message == ('checkpoint lacks parameter(s) encoder.albert_layer_groups.0.albert_layers.0.'
                      'ffn.weight that the config implies')
 
@@ -243,23 +245,23 @@ def test_bad_checkpoints_are_one_line_errors(pretraining, tmp_path):
                                                   {**config, 'num_hidden_groups': 2})
 
   # The shared layer cannot fill an unshared config.
-  assert _one_line_error(hf_albert.load_hf_albert, directory, share_layers=False) == (
+  assert _one_line_error(hf_albert.load, directory, share_layers=False) == (
       'an ALBERT checkpoint holds one layer shared by all 3 layers, but the config has '
       'share_layers=False (separate layers): keep share_layers=True')
 
 
 def test_bert_and_albert_directories_are_not_confused(pretraining, tmp_path):
   _, albert_dir = pretraining
-  message = _one_line_error(hf_bert.load_hf_bert, albert_dir)
+  message = _one_line_error(hf_bert.load, albert_dir)
   assert "model_type='albert'" in message
   bert = transformers.BertModel(
       transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
                               num_attention_heads=4, intermediate_size=64,
                               max_position_embeddings=24))
   bert_dir = _save(bert, tmp_path / 'bert')
-  message = _one_line_error(hf_albert.load_hf_albert, bert_dir)
-  assert message == ("config.json has model_type='bert'; the ALBERT importer reads only 'albert' "
-                     '(a BERT directory: load it with convert.hf_bert.load_hf_bert)')
+  message = _one_line_error(hf_albert.load, bert_dir)
+  assert message == ("config.json has model_type='bert': a bert checkpoint, not ALBERT; import it "
+                     'with convert.families.of_directory(DIR).load(DIR)')
   # A BERT state dict under an ALBERT config names what it lacks (not a shape error deep inside).
   state, _ = _state_and_config(bert_dir)
   cfg, _ = hf_albert.albert_config_from_hf({**SMALL, 'model_type': 'albert'})
@@ -269,7 +271,8 @@ def test_bert_and_albert_directories_are_not_confused(pretraining, tmp_path):
 
 def test_export_refuses_what_albert_cannot_express(pretraining):
   _, directory = pretraining
-  cfg, params, _ = hf_albert.load_hf_albert(directory)
+  imported_model = hf_albert.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   assert 'share_layers=False' in _one_line_error(hf_albert.albert_config_to_hf,
                                                  cfg.replace(share_layers=False))
   assert 'embedding_size=None' in _one_line_error(hf_albert.export_albert_state_dict,

@@ -76,7 +76,9 @@ def pretraining_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_random_small_bert_matches_transformers(pretraining_dir):
   model, directory = pretraining_dir
-  cfg, params, tokenizer, heads = hf_bert.load_hf_bert(directory)
+  imported_model = hf_bert.load(directory)
+  cfg, params = imported_model.config, imported_model.params
+  tokenizer, heads = imported_model.tokenizer, imported_model.heads
   assert heads == {'mlm': True, 'sentence_classes': 2, 'num_labels': 0, 'type_vocab_size': 2}
   assert (cfg.num_encoder_layers, cfg.emb_dim, cfg.mlp_dim, cfg.activation) == (2, 64, 128,
                                                                                 'gelu_exact')
@@ -103,7 +105,9 @@ def test_random_small_bert_matches_transformers(pretraining_dir):
 
 @pytest.mark.slow
 def test_minilm_checkpoint_matches_transformers():
-  cfg, params, tokenizer, heads = hf_bert.load_hf_bert(MINILM)
+  imported_model = hf_bert.load(MINILM)
+  cfg, params = imported_model.config, imported_model.params
+  tokenizer, heads = imported_model.tokenizer, imported_model.heads
   assert (cfg.num_encoder_layers, cfg.emb_dim, cfg.num_heads, cfg.vocab_size) == (6, 384, 12, 30522)
   assert not heads['mlm'] and not heads['sentence_classes']
   model = transformers.BertModel.from_pretrained(MINILM).eval()
@@ -130,7 +134,8 @@ def test_sequence_classification_head_and_legacy_bin(tmp_path):
   model.config.to_json_file(str(tmp_path / 'config.json'))
   (tmp_path / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] +
                                                 [f'w{i}' for i in range(206)]))
-  cfg, params, _, heads = hf_bert.load_hf_bert(str(tmp_path))
+  imported_model = hf_bert.load(str(tmp_path))
+  cfg, params, heads = imported_model.config, imported_model.params, imported_model.heads
   assert heads['num_labels'] == 3 and not heads['mlm']
   tokens, segments, valid = _inputs(211, seed=3)
   ours = Bert(cfg, **heads).apply({'params': params}, tokens, segments)
@@ -154,7 +159,7 @@ def test_unknown_key_is_named(pretraining_dir, tmp_path):
     with open(os.path.join(directory, name)) as f:
       (tmp_path / name).write_text(f.read())
   with pytest.raises(ConfigError) as info:
-    hf_bert.load_hf_bert(str(tmp_path))
+    hf_bert.load(str(tmp_path))
   assert 'unknown parameter(s) bert.encoder.layer.0.attention.self.extra.weight' in str(info.value)
 
 
@@ -188,7 +193,8 @@ def test_masked_lm_checkpoint_without_pooler(tmp_path):
   model.save_pretrained(str(tmp_path), safe_serialization=True)
   (tmp_path / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] +
                                                 [f'w{i}' for i in range(206)]))
-  cfg, params, _, heads = hf_bert.load_hf_bert(str(tmp_path))
+  imported_model = hf_bert.load(str(tmp_path))
+  cfg, params, heads = imported_model.config, imported_model.params, imported_model.heads
   assert heads['mlm'] and not heads['sentence_classes'] and 'pooler' not in params
   tokens, segments, valid = _inputs(211, seed=4)
   bert = Bert(cfg, **heads)

@@ -61,7 +61,8 @@ def saved(tmp_path_factory):
 
 def test_params_match_gpt_init_tree(saved):
   _, directory = saved
-  cfg, params = hf_gpt2.load_hf_gpt2(directory)
+  imported_model = hf_gpt2.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   init = jax.eval_shape(GPT(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
   expected = jax.tree.map(lambda x: (x.shape, x.dtype), nn.meta.unbox(init['params']))
   got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
@@ -71,7 +72,8 @@ def test_params_match_gpt_init_tree(saved):
 @pytest.mark.parametrize('batch,length', [(3, 17), (2, 128)])
 def test_logits_match_transformers(saved, batch, length):
   model, directory = saved
-  cfg, params = hf_gpt2.load_hf_gpt2(directory)
+  imported_model = hf_gpt2.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   assert (cfg.num_decoder_layers, cfg.num_heads, cfg.emb_dim, cfg.mlp_dim) == (2, 4, 64, 256)
   assert cfg.activation == 'gelu' and cfg.max_len == 128 and cfg.vocab_size == 101
   tokens = np.random.default_rng(batch).integers(0, 101, (batch, length), dtype=np.int32)
@@ -85,7 +87,8 @@ def test_logits_match_transformers(saved, batch, length):
 def test_untied_head_and_exact_gelu(tmp_path):
   model = _hf_model(tie_word_embeddings=False, activation_function='gelu')
   model.save_pretrained(str(tmp_path), safe_serialization=True)
-  cfg, params = hf_gpt2.load_hf_gpt2(str(tmp_path))
+  imported_model = hf_gpt2.load(str(tmp_path))
+  cfg, params = imported_model.config, imported_model.params
   assert not cfg.tie_output and cfg.activation == 'gelu_exact'
   tokens = np.random.default_rng(5).integers(0, 101, (2, 33), dtype=np.int32)
   np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens), rtol=0,
@@ -99,7 +102,8 @@ def test_legacy_pytorch_bin(saved, tmp_path):
   torch.save(model.state_dict(), str(tmp_path / 'pytorch_model.bin'))
   with open(os.path.join(directory, 'config.json')) as f:
     (tmp_path / 'config.json').write_text(f.read())
-  cfg, params = hf_gpt2.load_hf_gpt2(str(tmp_path))
+  imported_model = hf_gpt2.load(str(tmp_path))
+  cfg, params = imported_model.config, imported_model.params
   tokens = np.random.default_rng(7).integers(0, 101, (2, 9), dtype=np.int32)
   np.testing.assert_allclose(_our_logits(cfg, params, tokens), _hf_logits(model, tokens), rtol=0,
                              atol=1e-4)
@@ -133,7 +137,7 @@ def test_unknown_key_is_named(saved, tmp_path):
   with open(os.path.join(directory, 'config.json')) as f:
     (tmp_path / 'config.json').write_text(f.read())
   with pytest.raises(ConfigError) as info:
-    hf_gpt2.load_hf_gpt2(str(tmp_path))
+    hf_gpt2.load(str(tmp_path))
   assert 'unknown parameter(s) transformer.h.0.attn.c_attn.extra' in str(info.value)
 
 

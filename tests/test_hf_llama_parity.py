@@ -76,7 +76,8 @@ def untied(tmp_path_factory):
 
 def test_config_and_params_match_gpt_init_tree(saved):
   model, directory = saved
-  cfg, params = hf_llama.load_hf_llama(directory)
+  imported_model = hf_llama.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   tied = model.config.tie_word_embeddings
   assert (cfg.num_decoder_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.emb_dim,
           cfg.mlp_dim) == (2, 4, 2, 16, 64, 96)
@@ -91,7 +92,8 @@ def test_config_and_params_match_gpt_init_tree(saved):
 
 def test_logits_match_transformers(saved):
   model, directory = saved
-  cfg, params = hf_llama.load_hf_llama(directory)
+  imported_model = hf_llama.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   tokens = _tokens(3, 40)
   ours, theirs = _our_logits(cfg, params, tokens), _hf_logits(model, tokens)
   assert ours.shape == theirs.shape == (3, 40, VOCAB)
@@ -102,7 +104,8 @@ def test_logits_match_transformers(saved):
 def test_greedy_generation_matches_transformers(untied):
   from transformer_jax.tasks.lm import LanguageModelTask
   model, directory = untied
-  cfg, params = hf_llama.load_hf_llama(directory)
+  imported_model = hf_llama.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   prompt = _tokens(2, 8, seed=3)
   # Our KV-cache decoding (rotary angles at the cached positions) against HF's.
   ours = LanguageModelTask(cfg).generate(params, prompt, 32, jax.random.key(0), temperature=0.0)
@@ -126,7 +129,8 @@ def _write_hf_dir(directory, hf_config: dict, state: dict):
 
 def test_export_loads_in_transformers_and_round_trips_bitwise(saved, tmp_path):
   model, directory = saved
-  cfg, params = hf_llama.load_hf_llama(directory)
+  imported_model = hf_llama.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   state = hf_llama.export_llama_state_dict(cfg, params)
   # The exported tensors are HF's own, bit for bit (a tied model has no separate head).
   original = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -158,7 +162,8 @@ def test_export_loads_in_transformers_and_round_trips_bitwise(saved, tmp_path):
 
 def test_export_takes_scanned_params_and_refuses_other_architectures(untied):
   _, directory = untied
-  cfg, params = hf_llama.load_hf_llama(directory)
+  imported_model = hf_llama.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   unrolled = hf_llama.export_llama_state_dict(cfg, params)
   scanned = hf_llama.export_llama_state_dict(cfg, scan_layout.stack_layers(params))
   assert sorted(scanned) == sorted(unrolled)
@@ -174,15 +179,16 @@ def test_bfloat16_and_sharded_checkpoints(untied, tmp_path):
   # Most LLaMA checkpoints are stored in bfloat16, which safetensors.numpy cannot read.
   bf16_dir, sharded_dir = str(tmp_path / 'bf16'), str(tmp_path / 'sharded')
   copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
-  cfg, params = hf_llama.load_hf_llama(bf16_dir)
+  imported_model = hf_llama.load(bf16_dir)
+  cfg, params = imported_model.config, imported_model.params
   assert cfg.param_dtype == jnp.float32
   state = hf_llama.export_llama_state_dict(cfg, params)
   for name, value in model.state_dict().items():
     assert np.array_equal(state[name], value.to(torch.bfloat16).float().numpy()), name
   model.save_pretrained(sharded_dir, safe_serialization=True, max_shard_size='100KB')
   assert os.path.exists(os.path.join(sharded_dir, 'model.safetensors.index.json'))
-  _, sharded = hf_llama.load_hf_llama(sharded_dir)
-  _, single = hf_llama.load_hf_llama(str(untied[1]))
+  sharded = hf_llama.load(sharded_dir).params
+  single = hf_llama.load(str(untied[1])).params
   for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(single)):
     assert np.array_equal(a, b)
 
@@ -216,7 +222,7 @@ def test_gpt2_directory_is_refused(tmp_path):
   gpt2 = transformers.GPT2LMHeadModel(
       transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=16, vocab_size=50))
   gpt2.save_pretrained(str(tmp_path), safe_serialization=True)
-  message = _one_line_error(lambda: hf_llama.load_hf_llama(str(tmp_path)))
+  message = _one_line_error(lambda: hf_llama.load(str(tmp_path)))
   assert "model_type='gpt2'" in message
 
 
@@ -235,7 +241,7 @@ def test_bad_tensors_are_named(untied, tmp_path):
   extra = dict(state, **{'model.layers.0.self_attn.q_proj.bias': np.zeros((64,), np.float32)})
   with open(os.path.join(directory, 'config.json')) as f:
     _write_hf_dir(str(tmp_path / 'extra'), json.load(f), extra)
-  message = _one_line_error(lambda: hf_llama.load_hf_llama(str(tmp_path / 'extra')))
+  message = _one_line_error(lambda: hf_llama.load(str(tmp_path / 'extra')))
   assert message.startswith('checkpoint has unknown parameter(s) '
                             'model.layers.0.self_attn.q_proj.bias: ')
   # A config with more layers than the weights.

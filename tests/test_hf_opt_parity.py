@@ -20,7 +20,7 @@ transformers = pytest.importorskip('transformers',
                                    reason='needs the parity extra: pip install -e ".[parity]"')
 
 from conftest import REPO_ROOT
-from transformer_jax.convert import families, hf_auto
+from transformer_jax.convert import families
 from transformer_jax.convert.export import write_hf_directory
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError
@@ -70,7 +70,7 @@ def test_the_registry_reads_opt_folders(saved):
   _, directory, _ = saved
   family = families.of_directory(directory)
   assert family.name == 'opt' and family.kind == families.CAUSAL_LM
-  assert hf_auto.causal_lm_family(directory) == 'opt'
+  assert families.of_directory(directory, families.CAUSAL_LM).name == 'opt'
   model = family.load(directory)
   cfg = model.config
   assert (cfg.num_decoder_layers, cfg.num_heads, cfg.emb_dim, cfg.mlp_dim) == (2, 4, 64, 128)

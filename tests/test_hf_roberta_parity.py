@@ -110,7 +110,7 @@ def _max_diff(ours, theirs, valid=None):
 
 def test_tokenizer_ids_match_transformers(mlm_dir):
   _, directory = mlm_dir
-  _, _, tokenizer, _ = hf_roberta.load_hf_roberta(directory)
+  tokenizer = hf_roberta.load(directory).tokenizer
   reference = transformers.AutoTokenizer.from_pretrained(directory)
   assert (tokenizer.hf_pad_id, tokenizer.pad_id) == (1, 0)
   assert tokenizer.to_hf([tokenizer.cls_id, tokenizer.sep_id]) == [0, 2]
@@ -137,7 +137,9 @@ def test_tokenizer_from_bare_vocab_and_merges(mlm_dir, tmp_path):
 
 def test_masked_lm_matches_transformers(mlm_dir):
   model, directory = mlm_dir
-  cfg, params, tokenizer, heads = hf_roberta.load_hf_roberta(directory)
+  imported_model = hf_roberta.load(directory)
+  cfg, params = imported_model.config, imported_model.params
+  tokenizer, heads = imported_model.tokenizer, imported_model.heads
   assert heads == {'mlm': True, 'sentence_classes': 0, 'num_labels': 0, 'type_vocab_size': 1}
   assert (cfg.max_len, cfg.norm_epsilon, cfg.activation) == (38, 1e-5, 'gelu_exact')
   assert 'pooler' not in params
@@ -186,7 +188,9 @@ def _assert_bitwise(a, b):
 
 def test_masked_lm_export_loads_back_in_transformers(mlm_dir, tmp_path):
   model, directory = mlm_dir
-  cfg, params, tokenizer, heads = hf_roberta.load_hf_roberta(directory)
+  imported_model = hf_roberta.load(directory)
+  cfg, params = imported_model.config, imported_model.params
+  tokenizer, heads = imported_model.tokenizer, imported_model.heads
   # Pretrained here, a Bert with an MLM head also has a pooler: written, and ignored by HF.
   init = Bert(cfg, **heads).init(jax.random.key(3), np.ones((1, 4), np.int32))
   params = dict(params, pooler=jax.device_get(flax.linen.meta.unbox(init['params'])['pooler']))
@@ -205,7 +209,9 @@ def test_masked_lm_export_loads_back_in_transformers(mlm_dir, tmp_path):
       _torch(reloaded, hf_ids, valid).logits.numpy(), expected, valid)
   assert MAX_ABS['export_mlm_logits'] <= 1e-4
   # And our loader reads the exported directory (tokenizer files included) back unchanged.
-  cfg2, params2, tokenizer2, heads2 = hf_roberta.load_hf_roberta(out)
+  imported_model = hf_roberta.load(out)
+  cfg2, params2 = imported_model.config, imported_model.params
+  tokenizer2, heads2 = imported_model.tokenizer, imported_model.heads
   assert cfg2 == cfg and heads2 == heads and tokenizer2.vocab_size == tokenizer.vocab_size
   _assert_bitwise(params2, params)
 
@@ -218,7 +224,9 @@ def test_base_model_and_classifier(kind, tokenizer_dir, tmp_path):
     model = _perturbed(
         transformers.RobertaForSequenceClassification(_hf_config(tokenizer_dir, num_labels=3)))
   directory = _save_model(model, tokenizer_dir, tmp_path / 'hf')
-  cfg, params, tokenizer, heads = hf_roberta.load_hf_roberta(directory)
+  imported_model = hf_roberta.load(directory)
+  cfg, params = imported_model.config, imported_model.params
+  tokenizer, heads = imported_model.tokenizer, imported_model.heads
   assert heads['num_labels'] == (3 if kind == 'classifier' else 0) and not heads['mlm']
   hf_ids, valid = _hf_batch(directory)
   tokens = tokenizer.from_hf(hf_ids)
@@ -263,7 +271,7 @@ def test_bad_checkpoints_are_one_named_line(mlm_dir, tmp_path):
 
   def error(target_state, name):
     with pytest.raises(ConfigError) as info:
-      hf_roberta.load_hf_roberta(_copy_with_state(directory, tmp_path / name, target_state))
+      hf_roberta.load(_copy_with_state(directory, tmp_path / name, target_state))
     assert '\n' not in str(info.value)
     return str(info.value)
 
@@ -284,18 +292,21 @@ def test_bert_and_roberta_directories_are_told_apart(mlm_dir, tmp_path):
   with pytest.raises(
       ConfigError, match=r"model_type='roberta': a roberta checkpoint, not BERT; import it with "
       r'convert.families.of_directory\(DIR\).load\(DIR\)$'):
-    hf_bert.load_hf_bert(roberta_dir)
+    hf_bert.load(roberta_dir)
   bert_dir = tmp_path / 'bert'
   bert_dir.mkdir()
   transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                           intermediate_size=64).to_json_file(str(bert_dir / 'config.json'))
-  with pytest.raises(ConfigError, match=r"model_type='bert': a BERT checkpoint.*load_hf_bert"):
-    hf_roberta.load_hf_roberta(str(bert_dir))
+  with pytest.raises(
+      ConfigError, match=r"model_type='bert': a bert checkpoint, not RoBERTa; "
+      r'import it with convert.families.of_directory\(DIR\).load\(DIR\)$'):
+    hf_roberta.load(str(bert_dir))
 
 
 def test_heads_roberta_cannot_hold_are_refused(mlm_dir):
   _, directory = mlm_dir
-  cfg, params, _, _ = hf_roberta.load_hf_roberta(directory)
+  imported_model = hf_roberta.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   with_nsp = dict(params, sentence_head={'kernel': np.zeros((64, 2)), 'bias': np.zeros(2)})
   with pytest.raises(ConfigError, match='no next-sentence / sentence-order head'):
     hf_roberta.export_roberta_state_dict(cfg, with_nsp)

@@ -109,7 +109,8 @@ def _our_logits(cfg, params, inputs, targets):
 
 def test_config_and_param_tree(saved):
   version, _, directory = saved
-  cfg, params = hf_t5.load_hf_t5(directory)
+  imported_model = hf_t5.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   v10 = version == '1.0'
   assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim) == (64, 4, 16, 96)
   assert (cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.vocab_size) == (2, 2, VOCAB)
@@ -131,7 +132,8 @@ def test_config_and_param_tree(saved):
 
 def test_logits_match_transformers(saved):
   version, model, directory = saved
-  cfg, params = hf_t5.load_hf_t5(directory)
+  imported_model = hf_t5.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   inputs, valid, targets = _batch()
   ours = _our_logits(cfg, params, inputs, targets)
   theirs = _hf_logits(model, inputs, valid, shift_right(targets))
@@ -144,7 +146,8 @@ def test_logits_match_transformers(saved):
 
 def test_greedy_generation_matches_transformers(saved):
   version, model, directory = saved
-  cfg, params = hf_t5.load_hf_t5(directory)
+  imported_model = hf_t5.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   inputs, valid, _ = _batch(seed=1)
   # beam_size 1 is greedy_search (alpha is not used).
   predict = jax.jit(
@@ -165,7 +168,8 @@ def test_greedy_generation_matches_transformers(saved):
 
 def test_export_loads_in_transformers_with_the_same_logits(saved, tmp_path):
   version, model, directory = saved
-  cfg, params = hf_t5.load_hf_t5(directory)
+  imported_model = hf_t5.load(directory)
+  cfg, params = imported_model.config, imported_model.params
   state = hf_t5.export_t5_state_dict(cfg, params)
   # The tensors save_pretrained writes, bitwise (ours came from them).
   written = safetensors_numpy.load_file(os.path.join(directory, 'model.safetensors'))
@@ -191,7 +195,8 @@ def test_export_loads_in_transformers_with_the_same_logits(saved, tmp_path):
   print(f'T5 v{version}: exported, max |logit difference| vs transformers = {diff:.3g}')
   assert diff <= 1e-4
   # And our importer reads the export back: same config, every tensor bitwise.
-  cfg2, params2 = hf_t5.load_hf_t5(str(out))
+  imported_model = hf_t5.load(str(out))
+  cfg2, params2 = imported_model.config, imported_model.params
   assert cfg2 == cfg
   assert jax.tree.structure(params2) == jax.tree.structure(params)
   jax.tree.map(np.testing.assert_array_equal, params2, params)
@@ -232,7 +237,7 @@ def test_another_family_is_refused_naming_its_model_type(family, tmp_path):
                                     intermediate_size=64)
             if family == 'bert' else transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2))
   config.to_json_file(str(tmp_path / 'config.json'))
-  message = _one_line_error(hf_t5.load_hf_t5, str(tmp_path))
+  message = _one_line_error(hf_t5.load, str(tmp_path))
   assert f"model_type='{family}'" in message
 
 

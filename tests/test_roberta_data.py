@@ -195,7 +195,7 @@ def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path)
   assert os.path.exists(os.path.join(pre, 'tokenizer', 'tokenizer.json'))
 
   # The pretrained workdir as an HF RoBERTa directory (the converter's export), then fine-tuning
-  # from it through init.hf_dir: the dispatch on model_type reads it with load_hf_roberta.
+  # from it through init.hf_dir: the dispatch on model_type reads it with hf_roberta.load.
   cfg, params, tokenizer = bert.restore_pretrained(pre)
   assert params['segment_embedding'].shape == (1, 32) and 'sentence_head' not in params
   hf_dir = tmp_path / 'hf'

@@ -8,7 +8,7 @@ resumes from its own checkpoints without reading the pretrained workdir again.
 From a Hugging Face T5 directory (init.hf_dir; `parity`: needs transformers and torch): a tiny
 random T5ForConditionalGeneration and a T5 tokenizer built here (a SentencePiece unigram model
 with T5's ids, pad 0 eos 1 unk 2 and no bos, read by transformers' T5 tokenizer with 10 extra
-ids): the first params are load_hf_t5's bitwise, our loss on the first validation batch is
+ids): the first params are `hf_t5.load`'s bitwise, our loss on the first validation batch is
 transformers' loss on it, the loss falls, and `--mode=translate` on the fine-tuned workdir
 alone prints the translations the workflow gives in-process.
 
@@ -241,19 +241,19 @@ def hf_t5_dir(corpus, tmp_path_factory):
 @pytest.mark.slow  # trains, then translates in a subprocess
 @pytest.mark.parity
 def test_finetunes_a_hugging_face_t5(hf_t5_dir, corpus, tmp_path, fit_calls, translate_cli):
-  """init.hf_dir: step 0 is load_hf_t5's params bitwise, our loss on the first validation
+  """init.hf_dir: step 0 is `hf_t5.load`'s params bitwise, our loss on the first validation
   batch is transformers' (the batch tokenized with the checkpoint's tokenizer and the T5
   prefix), the loss falls; --mode=translate with the workdir alone prints the in-process
   translations."""
   import torch
-  from transformer_jax.convert.hf_t5 import load_hf_t5
+  from transformer_jax.convert import hf_t5
   directory, model, tokenizer, _ = hf_t5_dir
   workdir = str(tmp_path / 'finetuned')
   config = finetune_config(corpus('multi30k'), hf_dir=directory)
   config.optimizer.learning_rate = 2e-2  # 12 steps past translating into spaces only ('▁')
   results = translation.train_and_evaluate(config, workdir)
 
-  cfg, params = load_hf_t5(directory)
+  params = hf_t5.load(directory).params
   first = fit_calls[0]
   assert first['step'] == 0 and first['task'].cfg.vocab_size == 264
   assert_same_tree(first['params'], params)

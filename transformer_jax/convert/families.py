@@ -18,12 +18,16 @@ A converter module has, whatever its family:
                                                the number of segment types)
   exporters(heads, special_ids) -> (config_to_hf(cfg) -> dict, export_state_dict(cfg, params))
   claims(cfg, byte_level) -> bool              whether an export of `cfg` is this family's
+
+Its `config_from_hf` refuses a config.json of another family with `refuse_other_model_type`, one
+line naming the family the folder is.
 """
 
 import dataclasses
 import importlib
 import os
 from types import ModuleType
+from typing import Any, Mapping
 
 from transformer_jax.convert.hf_files import HFModel, read_hf_config
 from transformer_jax.errors import ConfigError
@@ -118,6 +122,22 @@ def of_directory(directory: str, kind: str | None = None) -> Family:
   if not found and kind in (None, ENCODER):
     found = UNNAMED_MODEL_TYPE
   return of_model_type(found, kind, where=os.path.join(directory, 'config.json'))
+
+
+def refuse_other_model_type(hf_config: Mapping[str, Any], name: str, label: str) -> None:
+  """One ConfigError when config.json's model_type (none: family `name`'s own) belongs to
+  another family than `name` (`label`: how messages spell it), naming the family the folder is
+  and how to import it, or the model_types `name` reads."""
+  own = named(name)
+  found = hf_config.get('model_type', own.model_types[0])
+  if found in own.model_types:
+    return
+  other = next((f for f in FAMILIES if found in f.model_types), None)
+  if other is None:
+    raise ConfigError(f'config.json has model_type={found!r}; the {label} importer reads only '
+                      f'{", ".join(map(repr, own.model_types))}')
+  raise ConfigError(f'config.json has model_type={found!r}: a {other.name} checkpoint, not '
+                    f'{label}; import it with convert.families.of_directory(DIR).load(DIR)')
 
 
 def exporting(kind: str, cfg: TransformerConfig, byte_level: bool = False) -> Family:

@@ -1,8 +1,8 @@
 """Hugging Face BERT checkpoints <-> `Bert` config, params and WordPiece tokenizer.
 
     # a directory with config.json, model.safetensors (or pytorch_model.bin) and vocab.txt
-    cfg, params, tokenizer, heads = load_hf_bert('/path/to/bert')
-    out = Bert(cfg, **heads).apply({'params': params}, tokens)
+    model = hf_bert.load('/path/to/bert')    # an HFModel: config, params, tokenizer, heads
+    out = Bert(model.config, **model.heads).apply({'params': model.params}, tokens)
     # and back (heads: the `Bert` attributes the params were trained with)
     heads = bert_heads(params)
     hf_config, state = bert_config_to_hf(cfg, **heads), export_bert_state_dict(cfg, params)
@@ -18,6 +18,7 @@ MLM + NSP/SOP -> `BertForPreTraining`, MLM alone -> `BertForMaskedLM`, a classif
 `BertForSequenceClassification`; import(export(params)) == params bit for bit.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -26,11 +27,11 @@ from typing import Any, Mapping
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
-                                              refuse_switches)
-from transformer_jax.convert.name_table import (ParamReader, Table, canonical_names,
-                                                params_from_table, same, state_from_table,
-                                                strip_prefix, transpose)
+from transformer_jax.convert import families
+from transformer_jax.convert.hf_files import (HFModel, config_values, hf_activation, read_hf_config,
+                                              read_state_dict, refuse_switches)
+from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder, canonical_names,
+                                                params_from_table, state_from_table, strip_prefix)
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import bert_config
@@ -40,103 +41,125 @@ ACTIVATIONS = {
     'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_fast': 'gelu', 'gelu_pytorch_tanh': 'gelu',
     'relu': 'relu', 'silu': 'silu', 'swish': 'silu'
 }
-_PREFIX = 'bert.'
 _BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
+
+# config.json's keys, as BERT, RoBERTa and ALBERT name them: our field -> (key, type[, default]).
+CONFIG_KEYS = {
+    'vocab_size': ('vocab_size', int), 'emb_dim': ('hidden_size', int),
+    'num_heads': ('num_attention_heads', int), 'mlp_dim': ('intermediate_size', int),
+    'num_encoder_layers': ('num_hidden_layers', int), 'max_len': ('max_position_embeddings', int),
+    'norm_epsilon': ('layer_norm_eps', float, 1e-12), 'dropout_rate':
+        ('hidden_dropout_prob', float, 0.1), 'attention_dropout_rate':
+            ('attention_probs_dropout_prob', float, 0.1), 'embed_init_std':
+                ('initializer_range', float, 0.02)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderNames:
+  """Where a BERT-style family's checkpoint names differ from BERT's: the table of one family.
+
+  The embeddings ('embeddings.*') are named alike in every family; a layer's sublayers by
+  `sublayers` (our path under the layer -> HF name under `layer`).
+  """
+  prefix: str  # the encoder's names' prefix in a checkpoint with heads
+  layer: str  # layer i's names start with layer.format(i) (ALBERT: its one shared layer's)
+  sublayers: dict
+  pooler: str
+  mlm_transform: str  # the MLM head's dense layer; its names start with `mlm`
+  mlm_norm: str
+  mlm: str
+  sentence: str | None  # the 2-way sentence head (NSP, SOP); None: the family has none
+  classifier: str  # the classifier's output layer
+
+  @property
+  def heads(self) -> tuple[str, ...]:
+    """The starts of the heads' names, which a checkpoint writes without `prefix`."""
+    return tuple(
+        name.split('.')[0] + '.' for name in (self.mlm, self.sentence, self.classifier) if name)
+
+
+BERT_NAMES = EncoderNames(
+    prefix='bert.', layer='encoder.layer.{}', sublayers={
+        'query': 'attention.self.query', 'key': 'attention.self.key',
+        'value': 'attention.self.value', 'out': 'attention.output.dense',
+        'self_attention_norm': 'attention.output.LayerNorm', 'wi': 'intermediate.dense',
+        'wo': 'output.dense', 'mlp_norm': 'output.LayerNorm'
+    }, pooler='pooler.dense', mlm_transform='cls.predictions.transform.dense',
+    mlm_norm='cls.predictions.transform.LayerNorm', mlm='cls.predictions.',
+    sentence='cls.seq_relationship', classifier='classifier')
+
+
+def encoder_config_values(c: Mapping[str, Any], family: str, keys=CONFIG_KEYS,
+                          activation: str = 'gelu') -> dict:
+  """Our config fields from the config.json dict `c` of a BERT-style `family` (`keys`: its key
+  table; `activation`: HF's default hidden_act), refusing what our `Bert` does not compute."""
+  ours = hf_activation(c, 'hidden_act', activation, ACTIVATIONS)
+  if c.get('position_embedding_type', 'absolute') != 'absolute':
+    raise ConfigError(f"config.json position_embedding_type={c['position_embedding_type']!r} "
+                      "is not supported (need 'absolute')")
+  if c.get('is_decoder') or c.get('add_cross_attention'):
+    raise ConfigError(f'config.json describes a {family} decoder (is_decoder/add_cross_attention); '
+                      'only the bidirectional encoder is supported')
+  return dict(config_values(c, keys, family), activation=ours)
 
 
 def bert_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> tuple[TransformerConfig, int]:
   """(our config, type_vocab_size) for an HF `BertConfig` dict; `overrides` win."""
   c = dict(hf_config)
-  model_type = c.get('model_type', 'bert')
-  if model_type != 'bert':
-    # BERT's successors' folders look like BERT's but are read by their own converters.
-    from transformer_jax.convert import families
-    other = families.of_model_type(model_type)
-    raise ConfigError(f'config.json has model_type={model_type!r}: a {other.name} checkpoint, not '
-                      'BERT; import it with convert.families.of_directory(DIR).load(DIR)')
-  activation = c.get('hidden_act', 'gelu')
-  if activation not in ACTIVATIONS:
-    raise ConfigError(f'config.json hidden_act={activation!r} is not supported; supported: '
-                      f'{sorted(ACTIVATIONS)}')
-  if c.get('position_embedding_type', 'absolute') != 'absolute':
-    raise ConfigError(f"config.json position_embedding_type={c['position_embedding_type']!r} "
-                      "is not supported (need 'absolute')")
-  if c.get('is_decoder') or c.get('add_cross_attention'):
-    raise ConfigError('config.json describes a BERT decoder (is_decoder/add_cross_attention); '
-                      'only the bidirectional encoder is supported')
-  try:
-    values = dict(vocab_size=int(c['vocab_size']), emb_dim=int(c['hidden_size']),
-                  num_heads=int(c['num_attention_heads']), mlp_dim=int(c['intermediate_size']),
-                  num_encoder_layers=int(c['num_hidden_layers']),
-                  max_len=int(c['max_position_embeddings']),
-                  norm_epsilon=float(c.get('layer_norm_eps',
-                                           1e-12)), activation=ACTIVATIONS[activation],
-                  dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
-                  attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
-                  embed_init_std=float(c.get('initializer_range', 0.02)))
-  except KeyError as e:
-    raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a BERT model') from None
+  families.refuse_other_model_type(c, 'bert', 'BERT')
+  values = encoder_config_values(c, 'BERT')
   values.update(overrides)
   return bert_config(**values), int(c.get('type_vocab_size', 2))
 
 
-def encoder_table(cfg: TransformerConfig, type_vocab_size: int, num_layers: int, heads: dict,
-                  pooler: bool = True) -> Table:
-  """HF name (no prefix) -> (our param path, HF shape, HF array -> ours, our array -> HF's)."""
-  e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
-  table = {}
+def encoder_table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pooler: bool = True,
+                  names: EncoderNames = BERT_NAMES) -> TableBuilder:
+  """The name table of a BERT-style encoder (HF name, no prefix -> our param path, HF shape, HF
+  -> ours, ours -> HF), as a `TableBuilder` a family may add its own entries to.
 
-  def linear(hf, path, out, inp, kernel=(transpose, transpose), bias=(same, same)):
-    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), *kernel)
-    table[f'{hf}.bias'] = (path + ('bias',), (out,), *bias)
-
-  def norm(hf, path):
-    table[f'{hf}.weight'] = (path + ('scale',), (e,), same, same)
-    table[f'{hf}.bias'] = (path + ('bias',), (e,), same, same)
-
-  table['embeddings.word_embeddings.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e),
-                                                same, same)
-  table['embeddings.position_embeddings.weight'] = (('input_embedding', 'position_embedding',
-                                                     'embedding'), (cfg.max_len, e), same, same)
-  table['embeddings.token_type_embeddings.weight'] = (('segment_embedding',), (type_vocab_size, e),
-                                                      same, same)
-  norm('embeddings.LayerNorm', ('input_embedding', 'embedding_norm'))
-  for i in range(num_layers):
-    hf, ours = f'encoder.layer.{i}', ('encoder', f'layer_{i}')
-    for name in ('query', 'key', 'value'):
-      linear(
-          f'{hf}.attention.self.{name}', ours + ('self_attention', name), h * d, e,
-          kernel=(lambda w: transpose(w).reshape(e, h, d),
-                  lambda k: transpose(k.reshape(e, h * d))),
-          bias=(lambda b: b.reshape(h, d), lambda b: b.reshape(h * d)))
-    linear(
-        f'{hf}.attention.output.dense', ours + ('self_attention', 'out'), e, h * d,
-        kernel=(lambda w: transpose(w).reshape(h, d, e), lambda k: transpose(k.reshape(h * d, e))))
-    norm(f'{hf}.attention.output.LayerNorm', ours + ('self_attention_norm',))
-    linear(f'{hf}.intermediate.dense', ours + ('mlp', 'wi'), m, e)
-    linear(f'{hf}.output.dense', ours + ('mlp', 'wo'), e, m)
-    norm(f'{hf}.output.LayerNorm', ours + ('mlp_norm',))
-  if pooler:
-    linear('pooler.dense', ('pooler',), e, e)
-  if heads.get('mlm'):
-    linear('cls.predictions.transform.dense', ('mlm_transform',), e, e)
-    norm('cls.predictions.transform.LayerNorm', ('mlm_norm',))
-    table['cls.predictions.bias'] = (('mlm_bias',), (cfg.vocab_size,), same, same)
-  if heads.get('sentence_classes'):
-    linear('cls.seq_relationship', ('sentence_head',), heads['sentence_classes'], e)
-  if heads.get('num_labels'):
-    linear('classifier', ('classifier',), heads['num_labels'], e)
-  return table
-
-
-def bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
-               head: str = 'cls.predictions.') -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file): no `prefix`, TF-era LayerNorm.gamma/beta
-  renamed, buffers and the tied (or duplicated) decoder of the MLM `head` dropped.
-
-  ALBERT and RoBERTa checkpoints differ only in the prefix and the head's name ('predictions.',
-  'lm_head.'), so their converters call this too.
+  Our `Bert`'s switches shape it: one entry per layer, or the one shared layer
+  (cfg.share_layers); embeddings of cfg.embedding_size's width where set (ALBERT's
+  factorisation; its projection is ALBERT's own entry).
   """
+  e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
+  width = cfg.embedding_size or e
+  layers = ([(names.layer.format(0), ('encoder', 'shared_layer'))] if cfg.share_layers else [
+      (names.layer.format(i), ('encoder', f'layer_{i}')) for i in range(cfg.num_encoder_layers)
+  ])
+  t = TableBuilder()
+  t.same('embeddings.word_embeddings.weight', ('token_embed', 'embedding'), (cfg.vocab_size, width))
+  t.same('embeddings.position_embeddings.weight',
+         ('input_embedding', 'position_embedding', 'embedding'), (cfg.max_len, width))
+  t.same('embeddings.token_type_embeddings.weight', ('segment_embedding',),
+         (type_vocab_size, width))
+  t.norm('embeddings.LayerNorm', ('input_embedding', 'embedding_norm'), width)
+  for hf_layer, ours in layers:
+    hf = {k: f'{hf_layer}.{v}' for k, v in names.sublayers.items()}
+    for name in ('query', 'key', 'value'):
+      t.to_heads(hf[name], ours + ('self_attention', name), e, h, d)
+    t.from_heads(hf['out'], ours + ('self_attention', 'out'), e, h, d)
+    t.norm(hf['self_attention_norm'], ours + ('self_attention_norm',), e)
+    t.linear(hf['wi'], ours + ('mlp', 'wi'), m, e)
+    t.linear(hf['wo'], ours + ('mlp', 'wo'), e, m)
+    t.norm(hf['mlp_norm'], ours + ('mlp_norm',), e)
+  if pooler:
+    t.linear(names.pooler, ('pooler',), e, e)
+  if heads.get('mlm'):
+    t.linear(names.mlm_transform, ('mlm_transform',), width, e)
+    t.norm(names.mlm_norm, ('mlm_norm',), width)
+    t.same(f'{names.mlm}bias', ('mlm_bias',), (cfg.vocab_size,))
+  if heads.get('sentence_classes'):
+    t.linear(names.sentence, ('sentence_head',), heads['sentence_classes'], e)
+  if heads.get('num_labels'):
+    t.linear(names.classifier, ('classifier',), heads['num_labels'], e)
+  return t
+
+
+def bare_names(state: Mapping[str, Any], names: EncoderNames = BERT_NAMES) -> tuple[dict, dict]:
+  """(bare name -> array, bare name -> name in the file): no prefix, TF-era LayerNorm.gamma/beta
+  renamed, buffers and the tied (or duplicated) decoder of the MLM head dropped."""
+  prefix, head = names.prefix, names.mlm
   strip = strip_prefix(prefix)
   canonical = lambda name: re.sub(r'LayerNorm\.beta$', 'LayerNorm.bias',
                                   re.sub(r'LayerNorm\.gamma$', 'LayerNorm.weight', strip(name)))
@@ -153,18 +176,15 @@ def bare_names(state: Mapping[str, Any], prefix: str = _PREFIX,
   return arrays, original
 
 
-def detect_heads(state: Mapping[str, Any]) -> dict:
+def detect_heads(state: Mapping[str, Any], names: EncoderNames = BERT_NAMES) -> dict:
   """The `Bert` head attributes a checkpoint's names and shapes imply."""
-  arrays, _ = bare_names(state)
-  heads = {
-      'mlm': 'cls.predictions.transform.dense.weight' in arrays, 'sentence_classes': 0,
-      'num_labels': 0
+  arrays, _ = bare_names(state, names)
+  classes = lambda name: int(arrays[f'{name}.weight'].shape[0]) if f'{name}.weight' in arrays else 0
+  return {
+      'mlm': f'{names.mlm_transform}.weight' in arrays,
+      'sentence_classes': classes(names.sentence) if names.sentence else 0,
+      'num_labels': classes(names.classifier)
   }
-  if 'cls.seq_relationship.weight' in arrays:
-    heads['sentence_classes'] = int(arrays['cls.seq_relationship.weight'].shape[0])
-  if 'classifier.weight' in arrays:
-    heads['num_labels'] = int(arrays['classifier.weight'].shape[0])
-  return heads
 
 
 def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
@@ -178,20 +198,9 @@ def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
   arrays, original = bare_names(state)
   # BertForMaskedLM checkpoints have no pooler: it is then left out (a fine-tuning run
   # initialises it afresh).
-  table = encoder_table(cfg, type_vocab_size, cfg.num_encoder_layers, heads,
-                        pooler='pooler.dense.weight' in arrays)
-  return params_from_table(table, arrays, original, dtype=cfg.param_dtype,
+  table = encoder_table(cfg, type_vocab_size, heads, pooler='pooler.dense.weight' in arrays)
+  return params_from_table(table.table, arrays, original, dtype=cfg.param_dtype,
                            what=f'a BERT with {cfg.num_encoder_layers} layers and heads {heads}')
-
-
-def load_hf_bert(directory: str, **overrides):
-  """(config, params, tokenizer, heads) for the HF BERT checkpoint in `directory`.
-
-  `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}: the `Bert`
-  attributes matching the weights. `overrides` go to the config (e.g. dropout_rate=0.0).
-  """
-  model = load(directory, **overrides)
-  return model.config, model.params, model.tokenizer, model.heads
 
 
 def load(directory: str, **overrides) -> HFModel:
@@ -231,7 +240,7 @@ HF_ACTIVATIONS = {'gelu_exact': 'gelu', 'gelu': 'gelu_new', 'relu': 'relu', 'sil
 
 def bert_heads(params) -> dict:
   """The `Bert` attributes {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'} that
-  `params` were built with (what `load_hf_bert` returns as `heads`)."""
+  `params` were built with (what `load` gives as `HFModel.heads`)."""
   shape = lambda name, axis: int(np.shape(params[name]['kernel'])[axis]) if name in params else 0
   if 'segment_embedding' not in params:
     raise ConfigError('params lack segment_embedding: not the parameters of a Bert model')
@@ -252,34 +261,71 @@ def bert_architecture(mlm: bool = True, sentence_classes: int = 2, num_labels: i
     no head                                                  -> BertModel
   Other combinations have no HF class: a ConfigError naming them.
   """
+  classes = {(True, 2, 0): 'BertForPreTraining', (True, 0, 0): 'BertForMaskedLM',
+             (False, 2, 0): 'BertForNextSentencePrediction', (False, 0, 0): 'BertModel'}
+  return encoder_architecture('BERT', classes, 'BertForSequenceClassification', mlm,
+                              sentence_classes, num_labels)
+
+
+def encoder_architecture(family: str, classes: Mapping[tuple[bool, int, int], str], classifier: str,
+                         mlm: bool, sentence_classes: int, num_labels: int) -> str:
+  """The HF class of `family` holding these heads: `classes` by (mlm, sentence_classes,
+  num_labels), `classifier` for a classifier alone; one ConfigError naming the heads otherwise."""
   heads = (bool(mlm), int(sentence_classes), int(num_labels))
-  table = {(True, 2, 0): 'BertForPreTraining', (True, 0, 0): 'BertForMaskedLM',
-           (False, 2, 0): 'BertForNextSentencePrediction', (False, 0, 0): 'BertModel'}
-  if heads in table:
-    return table[heads]
+  if heads in classes:
+    return classes[heads]
   if not mlm and not sentence_classes:
-    return 'BertForSequenceClassification'
-  raise ConfigError(f'no Hugging Face BERT class holds the heads mlm={mlm}, sentence_classes='
+    return classifier
+  raise ConfigError(f'no Hugging Face {family} class holds the heads mlm={mlm}, sentence_classes='
                     f'{sentence_classes}, num_labels={num_labels} together')
+
+
+def encoder_config_to_hf(cfg: TransformerConfig, type_vocab_size: int, architecture: str,
+                         num_labels: int, keys=CONFIG_KEYS) -> dict:
+  """The config.json entries a BERT-style family's class `architecture` shares with BERT's (by
+  the key table `keys`, as `encoder_config_values` reads them back), with HF's default label
+  names for a classifier; the family adds its own."""
+  config = {key: getattr(cfg, field) for field, (key, *_) in keys.items()}
+  config.update(architectures=[architecture], hidden_act=HF_ACTIVATIONS[cfg.activation],
+                type_vocab_size=int(type_vocab_size), initializer_range=cfg.embed_init_std or 0.02,
+                tie_word_embeddings=True, dtype='float32')
+  if num_labels:
+    config['id2label'] = {str(i): f'LABEL_{i}' for i in range(num_labels)}
+    config['label2id'] = {f'LABEL_{i}': i for i in range(num_labels)}
+  return config
+
+
+def export_encoder_state(table: Table, params, family: str, names: EncoderNames,
+                         bare: bool) -> dict[str, np.ndarray]:
+  """HF state dict (name -> contiguous float32 array) of our `Bert` params by a BERT-style
+  family's name table: the encoder `names.prefix`ed unless the class is the `bare` model, the
+  heads never."""
+  state = state_from_table(table, ParamReader(params, family))
+  prefix = '' if bare else names.prefix
+  return {('' if name.startswith(names.heads) else prefix) + name: value
+          for name, value in state.items()}
 
 
 def check_bert_expressible(cfg: TransformerConfig, family: str = 'BERT') -> None:
   """One ConfigError naming the first switch of `cfg` that HF's BERT layers (which RoBERTa's
   reuse, hence `family` for the message) have no equivalent for."""
+  check_encoder_expressible(cfg, family, head_dim=cfg.emb_dim // cfg.num_heads, share_layers=False,
+                            embedding_size=None)
+
+
+def check_encoder_expressible(cfg: TransformerConfig, family: str, **switches) -> None:
+  """One ConfigError naming the first switch of `cfg` that the BERT-style layers of `family`
+  have no equivalent for: theirs, then the family's own `switches`."""
   refuse_switches(
       family, cfg,
       dict(position='learned', norm_type='layernorm', norm_position='post', embedding_norm=True,
            activation=tuple(HF_ACTIVATIONS), use_bias=True, tie_output=True,
-           num_kv_heads=cfg.num_heads, head_dim=cfg.emb_dim // cfg.num_heads,
-           scale_embeddings=False, scale_attention_scores=True, rescale_tied_output=False,
-           share_layers=False, embedding_size=None))
+           num_kv_heads=cfg.num_heads, scale_embeddings=False, scale_attention_scores=True,
+           rescale_tied_output=False, **switches))
   if cfg.head_dim * cfg.num_heads != cfg.emb_dim:
     raise ConfigError(f'{family} cannot express head_dim={cfg.head_dim} with num_heads='
                       f'{cfg.num_heads} and emb_dim={cfg.emb_dim} (it needs heads x head_dim = '
                       'emb_dim)')
-
-
-_check_bert_expressible = check_bert_expressible  # the name other converters may import
 
 
 def bert_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 2, mlm: bool = True,
@@ -292,21 +338,10 @@ def bert_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 2, mlm: boo
   """
   check_bert_expressible(cfg)
   architecture = bert_architecture(mlm, sentence_classes, num_labels)
-  config = {
-      'model_type': 'bert', 'architectures': [architecture], 'vocab_size': cfg.vocab_size,
-      'hidden_size': cfg.emb_dim, 'num_hidden_layers': cfg.num_encoder_layers,
-      'num_attention_heads': cfg.num_heads, 'intermediate_size': cfg.mlp_dim,
-      'hidden_act': HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
-      'attention_probs_dropout_prob': cfg.attention_dropout_rate,
-      'max_position_embeddings': cfg.max_len, 'type_vocab_size': int(type_vocab_size),
-      'initializer_range': cfg.embed_init_std or 0.02, 'layer_norm_eps': cfg.norm_epsilon,
-      'position_embedding_type': 'absolute', 'pad_token_id': 0, 'tie_word_embeddings': True,
-      'is_decoder': False, 'add_cross_attention': False, 'dtype': 'float32'
-  }
-  if architecture == 'BertForSequenceClassification':
-    config['id2label'] = {str(i): f'LABEL_{i}' for i in range(num_labels)}
-    config['label2id'] = {f'LABEL_{i}': i for i in range(num_labels)}
-  return config
+  return dict(model_type='bert',
+              **encoder_config_to_hf(cfg, type_vocab_size, architecture,
+                                     num_labels), position_embedding_type='absolute',
+              pad_token_id=0, is_decoder=False, add_cross_attention=False)
 
 
 def export_bert_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarray]:
@@ -319,14 +354,10 @@ def export_bert_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndarr
   """
   check_bert_expressible(cfg)
   heads = bert_heads(params)
-  prefix = '' if bert_architecture(heads['mlm'], heads['sentence_classes'],
-                                   heads['num_labels']) == 'BertModel' else _PREFIX
-  has_pooler = 'pooler' in params  # BertForMaskedLM checkpoints imported here have none
-  table = encoder_table(cfg, heads['type_vocab_size'], cfg.num_encoder_layers, heads,
-                        pooler=has_pooler)
-  state = state_from_table(table, ParamReader(params, 'BERT'))
-  return {('' if name.startswith(('cls.', 'classifier.')) else prefix) + name: value
-          for name, value in state.items()}
+  architecture = bert_architecture(heads['mlm'], heads['sentence_classes'], heads['num_labels'])
+  # BertForMaskedLM checkpoints imported here have no pooler.
+  table = encoder_table(cfg, heads['type_vocab_size'], heads, pooler='pooler' in params)
+  return export_encoder_state(table.table, params, 'BERT', BERT_NAMES, architecture == 'BertModel')
 
 
 def exporters(heads: dict | None = None, special_ids: dict | None = None):

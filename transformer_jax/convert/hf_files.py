@@ -7,6 +7,9 @@
   memory-mapped), bfloat16 included, which `safetensors.numpy` cannot give; no code runs on load.
   pytorch_model.bin goes through `torch.load(weights_only=True)`, which refuses pickled code;
   torch is needed only then.
+- `config_values`: our config fields read from config.json by a family's key table, one
+  ConfigError naming a missing key; `hf_activation`: an activation name read by a family's
+  table of names, one ConfigError naming an unknown one.
 - `refuse_switches`: one ConfigError naming the first switch of a config that a family has no
   equivalent for.
 - `HFModel`: what importing a folder gives, the same for every family.
@@ -106,6 +109,34 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
     }
   raise DataError(f'{directory} holds no model.safetensors, model.safetensors.index.json or '
                   'pytorch_model.bin')
+
+
+# A key table: our config field -> (config.json key, type) for a key the family needs, or
+# (config.json key, type, default) for one it may leave out.
+KeyTable = Mapping[str, tuple]
+
+
+def config_values(hf_config: Mapping[str, Any], keys: KeyTable, family: str) -> dict:
+  """{our field: value} of the config.json dict `hf_config` by the key table `keys`; one
+  ConfigError naming the first key that `family` needs and the file lacks."""
+  values = {}
+  for field, (key, kind, *default) in keys.items():
+    if key not in hf_config and not default:
+      article = 'an' if family[0] in 'AEIOU' else 'a'
+      raise ConfigError(f'config.json lacks {key!r}, needed for {article} {family} model')
+    values[field] = kind(hf_config[key] if key in hf_config else default[0])
+  return values
+
+
+def hf_activation(hf_config: Mapping[str, Any], key: str, default: str,
+                  activations: Mapping[str, str]) -> str:
+  """Our name of config.json's activation `key` (`default` when absent) by the family's table
+  {HF name: ours}; one ConfigError listing the supported names otherwise."""
+  name = hf_config.get(key, default)
+  if name not in activations:
+    raise ConfigError(f'config.json {key}={name!r} is not supported; supported: '
+                      f'{sorted(activations)}')
+  return activations[name]
 
 
 def refuse_switches(family: str, cfg: TransformerConfig, needed: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Hugging Face GPT-2 checkpoints <-> `GPT` config and params.
 
-    cfg, params = load_hf_gpt2('/path/to/gpt2')     # config.json + model.safetensors
-    logits = GPT(cfg).apply({'params': params}, tokens)
+    model = hf_gpt2.load('/path/to/gpt2')     # config.json + model.safetensors: an HFModel
+    logits = GPT(model.config).apply({'params': model.params}, tokens)
     # and back: the config.json dict and the state dict `GPT2LMHeadModel` loads
     hf_config, state = gpt2_config_to_hf(cfg), export_gpt2_state_dict(cfg, params)
 
@@ -27,8 +27,9 @@ from absl import logging
 # ParamReader and params_to_numpy lived here; other converters and callers may import them
 # from this module still.
 from transformer_jax.convert.name_table import ParamReader, params_to_numpy  # noqa: F401
-from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
-                                              refuse_switches)
+from transformer_jax.convert import families
+from transformer_jax.convert.hf_files import (HFModel, hf_activation, read_hf_config,
+                                              read_state_dict, refuse_switches)
 from transformer_jax.convert.name_table import canonical_names, check_state, strip_prefix
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
@@ -48,12 +49,8 @@ _BUFFER = re.compile(r'^h\.\d+\.attn\.(bias|masked_bias)$')
 def gpt2_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
   """Our config for an HF `GPT2Config` dict (config.json); `overrides` win (e.g. dtype)."""
   c = dict(hf_config)
-  if c.get('model_type', 'gpt2') != 'gpt2':
-    raise ConfigError(f"config.json has model_type={c['model_type']!r}; only 'gpt2' is supported")
-  activation = c.get('activation_function', 'gelu_new')
-  if activation not in _ACTIVATIONS:
-    raise ConfigError(f'config.json activation_function={activation!r} is not supported; '
-                      f'supported: {sorted(_ACTIVATIONS)}')
+  families.refuse_other_model_type(c, 'gpt2', 'GPT-2')
+  activation = hf_activation(c, 'activation_function', 'gelu_new', _ACTIVATIONS)
   # Variants of attention scaling and cross-attention that our blocks do not express: refuse
   # them rather than import a model that silently computes something else.
   for key, supported in (('scale_attn_weights', True), ('scale_attn_by_inverse_layer_idx', False),
@@ -65,8 +62,7 @@ def gpt2_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Transforme
     values = dict(vocab_size=int(c['vocab_size']), emb_dim=emb_dim, num_heads=int(c['n_head']),
                   mlp_dim=int(c.get('n_inner') or 4 * emb_dim),
                   num_decoder_layers=int(c['n_layer']), max_len=int(c['n_positions']),
-                  norm_epsilon=float(c.get('layer_norm_epsilon',
-                                           1e-5)), activation=_ACTIVATIONS[activation],
+                  norm_epsilon=float(c.get('layer_norm_epsilon', 1e-5)), activation=activation,
                   dropout_rate=float(c.get('resid_pdrop', 0.1)), attention_dropout_rate=float(
                       c.get('attn_pdrop', 0.1)), tie_output=bool(c.get('tie_word_embeddings',
                                                                        True)))
@@ -154,15 +150,6 @@ def convert_gpt2_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) ->
   if not cfg.tie_output:
     params['lm_head'] = {'kernel': get('lm_head.weight').T.copy()}  # nn.Linear is [out, in]
   return params
-
-
-def load_hf_gpt2(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
-  """(config, params) for the HF GPT-2 checkpoint in `directory` (config.json + weights).
-
-  `overrides` go to the config (e.g. dropout_rate=0.0 to fine-tune without dropout).
-  """
-  model = load(directory, **overrides)
-  return model.config, model.params
 
 
 def load(directory: str, **overrides) -> HFModel:

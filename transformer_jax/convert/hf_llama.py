@@ -1,7 +1,7 @@
 """Hugging Face LLaMA checkpoints <-> `GPT` (LLaMA architecture) config and params.
 
-    cfg, params = load_hf_llama('/path/to/llama')   # config.json + model.safetensors
-    logits = GPT(cfg).apply({'params': params}, tokens)
+    model = hf_llama.load('/path/to/llama')   # config.json + model.safetensors: an HFModel
+    logits = GPT(model.config).apply({'params': model.params}, tokens)
 
     hf_config = llama_config_to_hf(cfg, bos_token_id=1, eos_token_id=2)   # config.json
     state = export_llama_state_dict(cfg, params)                           # model.safetensors
@@ -31,9 +31,10 @@ from typing import Any, Mapping
 import numpy as np
 from absl import logging
 
+from transformer_jax.convert import families
 from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
-from transformer_jax.convert.name_table import (ParamReader, Table, causal_lm_names,
-                                                params_from_table, same, state_from_table)
+from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder, causal_lm_names,
+                                                params_from_table, state_from_table)
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import LLAMA_ARCHITECTURE, llama_config
@@ -80,9 +81,7 @@ def _rope_theta(c: Mapping[str, Any]) -> float:
 def llama_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
   """Our config for an HF `LlamaConfig` dict (config.json); `overrides` win (e.g. dtype)."""
   c = dict(hf_config)
-  if c.get('model_type', 'llama') != 'llama':
-    raise ConfigError(f"config.json has model_type={c['model_type']!r}, not 'llama': import it "
-                      'with its own family (convert.hf_auto.load_hf_causal_lm dispatches)')
+  families.refuse_other_model_type(c, 'llama', 'LLaMA')
   activation = c.get('hidden_act', 'silu')
   if activation not in _SILU:
     raise ConfigError(f'config.json hidden_act={activation!r} is not supported: LLaMA gates '
@@ -166,37 +165,23 @@ def _table(cfg: TransformerConfig) -> Table:
   One table serves import and export, so the two cannot disagree on a name or a layout.
   """
   e, m, h, k, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  table = {}
-
-  def linear(hf, path, out, inp):  # nn.Linear [out, in] <-> kernel [in, out]
-    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), lambda w: w.T, lambda w: w.T)
-
-  def projection(hf, path, heads):  # [heads * d, e] <-> kernel [e, heads, d]
-    table[f'{hf}.weight'] = (path + ('kernel',), (heads * d, e), lambda w: w.T.reshape(e, heads, d),
-                             lambda w: w.reshape(e, heads * d).T)
-
-  def norm(hf, path):
-    table[f'{hf}.weight'] = (path + ('scale',), (e,), same, same)
-
-  table[f'{_PREFIX}embed_tokens.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e), same,
-                                            same)
+  t = TableBuilder()  # LLaMA's layers have no biases, its RMSNorms no bias either
+  t.same(f'{_PREFIX}embed_tokens.weight', ('token_embed', 'embedding'), (cfg.vocab_size, e))
   for i in range(cfg.num_decoder_layers):
     hf, ours = f'{_PREFIX}layers.{i}', ('stack', f'layer_{i}')
-    projection(f'{hf}.self_attn.q_proj', ours + ('self_attention', 'query'), h)
-    projection(f'{hf}.self_attn.k_proj', ours + ('self_attention', 'key'), k)
-    projection(f'{hf}.self_attn.v_proj', ours + ('self_attention', 'value'), k)
-    table[f'{hf}.self_attn.o_proj.weight'] = (ours + ('self_attention', 'out', 'kernel'),
-                                              (e, h * d), lambda w: w.T.reshape(h, d, e),
-                                              lambda w: w.reshape(h * d, e).T)
-    linear(f'{hf}.mlp.gate_proj', ours + ('mlp', 'wi_gate'), m, e)
-    linear(f'{hf}.mlp.up_proj', ours + ('mlp', 'wi_up'), m, e)
-    linear(f'{hf}.mlp.down_proj', ours + ('mlp', 'wo'), e, m)
-    norm(f'{hf}.input_layernorm', ours + ('self_attention_norm',))
-    norm(f'{hf}.post_attention_layernorm', ours + ('mlp_norm',))
-  norm(f'{_PREFIX}norm', ('stack', 'final_norm'))
+    for name, heads in (('query', h), ('key', k), ('value', k)):
+      t.to_heads(f'{hf}.self_attn.{name[0]}_proj', ours + ('self_attention', name), e, heads, d,
+                 bias=False)
+    t.from_heads(f'{hf}.self_attn.o_proj', ours + ('self_attention', 'out'), e, h, d, bias=False)
+    t.linear(f'{hf}.mlp.gate_proj', ours + ('mlp', 'wi_gate'), m, e, bias=False)
+    t.linear(f'{hf}.mlp.up_proj', ours + ('mlp', 'wi_up'), m, e, bias=False)
+    t.linear(f'{hf}.mlp.down_proj', ours + ('mlp', 'wo'), e, m, bias=False)
+    t.norm(f'{hf}.input_layernorm', ours + ('self_attention_norm',), e, bias=False)
+    t.norm(f'{hf}.post_attention_layernorm', ours + ('mlp_norm',), e, bias=False)
+  t.norm(f'{_PREFIX}norm', ('stack', 'final_norm'), e, bias=False)
   if not cfg.tie_output:
-    linear('lm_head', ('lm_head',), cfg.vocab_size, e)
-  return table
+    t.linear('lm_head', ('lm_head',), cfg.vocab_size, e, bias=False)
+  return t.table
 
 
 def convert_llama_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:
@@ -224,15 +209,6 @@ def export_llama_state_dict(cfg: TransformerConfig, params) -> dict[str, np.ndar
     raise ConfigError(f'params have entries {", ".join(unknown)} that a LLaMA with '
                       f'{cfg.num_decoder_layers} layers and tie_output={cfg.tie_output} lacks')
   return state_from_table(table, get)
-
-
-def load_hf_llama(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
-  """(config, params) for the HF LLaMA checkpoint in `directory` (config.json + weights).
-
-  `overrides` go to the config (e.g. max_len=512, param_dtype=jnp.bfloat16).
-  """
-  model = load(directory, **overrides)
-  return model.config, model.params
 
 
 def load(directory: str, **overrides) -> HFModel:

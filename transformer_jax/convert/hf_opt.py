@@ -20,10 +20,11 @@ import numpy as np
 from absl import logging
 
 from transformer_jax.convert.hf_gpt2 import gpt2_switches
-from transformer_jax.convert.hf_files import (HFModel, read_hf_config, read_state_dict,
-                                              refuse_switches)
-from transformer_jax.convert.name_table import (ParamReader, Table, causal_lm_names,
-                                                params_from_table, same, state_from_table)
+from transformer_jax.convert import families
+from transformer_jax.convert.hf_files import (HFModel, hf_activation, read_hf_config,
+                                              read_state_dict, refuse_switches)
+from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder, causal_lm_names,
+                                                params_from_table, state_from_table)
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import gpt2_config
@@ -41,8 +42,7 @@ _EPSILON = 1e-5
 def opt_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
   """Our config for an HF `OPTConfig` dict (config.json); `overrides` win."""
   c = dict(hf_config)
-  if c.get('model_type', 'opt') != 'opt':
-    raise ConfigError(f"config.json has model_type={c['model_type']!r}, not 'opt'")
+  families.refuse_other_model_type(c, 'opt', 'OPT')
   refused = {
       'do_layer_norm_before': (True, 'the post-LN layout of OPT-350m'),
       '_remove_final_layer_norm': (False, 'a decoder without its final norm'),
@@ -56,16 +56,12 @@ def opt_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Transformer
     raise ConfigError(f'config.json word_embed_proj_dim={c["word_embed_proj_dim"]} differs from '
                       f'hidden_size={c.get("hidden_size")}: projected embeddings (project_in/out) '
                       'are not supported')
-  activation = c.get('activation_function', 'relu')
-  if activation not in _ACTIVATIONS:
-    raise ConfigError(f'config.json activation_function={activation!r} is not supported (need one '
-                      f'of {", ".join(_ACTIVATIONS)})')
+  activation = hf_activation(c, 'activation_function', 'relu', _ACTIVATIONS)
   try:
     values = dict(vocab_size=int(c['vocab_size']), emb_dim=int(c['hidden_size']),
                   num_heads=int(c['num_attention_heads']), mlp_dim=int(c['ffn_dim']),
                   num_decoder_layers=int(c['num_hidden_layers']),
-                  max_len=int(c.get('max_position_embeddings',
-                                    2048)), activation=_ACTIVATIONS[activation],
+                  max_len=int(c.get('max_position_embeddings', 2048)), activation=activation,
                   norm_epsilon=_EPSILON, dropout_rate=float(c.get('dropout', 0.1)),
                   attention_dropout_rate=float(c.get('attention_dropout', 0.0)),
                   tie_output=bool(c.get('tie_word_embeddings',
@@ -102,44 +98,25 @@ def opt_config_to_hf(cfg: TransformerConfig, *, bos_token_id: int | None = None,
 def _table(cfg: TransformerConfig) -> Table:
   """HF name -> (our param path, HF shape, HF array -> ours, our array -> HF's)."""
   e, m, h, d = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
-  table = {}
-
-  def linear(hf, path, out, inp):  # nn.Linear [out, in] <-> kernel [in, out], bias [out]
-    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), lambda w: w.T, lambda w: w.T)
-    table[f'{hf}.bias'] = (path + ('bias',), (out,), same, same)
-
-  def head_projection(hf, path):  # [h * d, e] <-> [e, h, d]; bias [h * d] <-> [h, d]
-    table[f'{hf}.weight'] = (path + ('kernel',), (h * d, e), lambda w: w.T.reshape(e, h, d),
-                             lambda w: w.reshape(e, h * d).T)
-    table[f'{hf}.bias'] = (path + ('bias',), (h * d,), lambda b: b.reshape(h, d),
-                           lambda b: b.reshape(h * d))
-
-  def norm(hf, path):
-    table[f'{hf}.weight'] = (path + ('scale',), (e,), same, same)
-    table[f'{hf}.bias'] = (path + ('bias',), (e,), same, same)
-
-  table[f'{_PREFIX}embed_tokens.weight'] = (('token_embed', 'embedding'), (cfg.vocab_size, e), same,
-                                            same)
-  table[f'{_PREFIX}embed_positions.weight'] = (
+  t = TableBuilder()
+  t.same(f'{_PREFIX}embed_tokens.weight', ('token_embed', 'embedding'), (cfg.vocab_size, e))
+  # OPT's one special layout: the position table's first OFFSET rows (module docstring).
+  t.table[f'{_PREFIX}embed_positions.weight'] = (
       ('input_embedding', 'position_embedding', 'embedding'), (cfg.max_len + OFFSET, e),
       lambda w: w[OFFSET:], lambda w: np.concatenate([np.zeros((OFFSET, e), w.dtype), w]))
   for i in range(cfg.num_decoder_layers):
     hf, ours = f'{_PREFIX}layers.{i}', ('stack', f'layer_{i}')
     for name in ('query', 'key', 'value'):
-      head_projection(f'{hf}.self_attn.{name[0]}_proj', ours + ('self_attention', name))
-    table[f'{hf}.self_attn.out_proj.weight'] = (ours + ('self_attention', 'out', 'kernel'),
-                                                (e, h * d), lambda w: w.T.reshape(h, d, e),
-                                                lambda w: w.reshape(h * d, e).T)
-    table[f'{hf}.self_attn.out_proj.bias'] = (ours + ('self_attention', 'out', 'bias'), (e,), same,
-                                              same)
-    linear(f'{hf}.fc1', ours + ('mlp', 'wi'), m, e)
-    linear(f'{hf}.fc2', ours + ('mlp', 'wo'), e, m)
-    norm(f'{hf}.self_attn_layer_norm', ours + ('self_attention_norm',))
-    norm(f'{hf}.final_layer_norm', ours + ('mlp_norm',))
-  norm(f'{_PREFIX}final_layer_norm', ('stack', 'final_norm'))
+      t.to_heads(f'{hf}.self_attn.{name[0]}_proj', ours + ('self_attention', name), e, h, d)
+    t.from_heads(f'{hf}.self_attn.out_proj', ours + ('self_attention', 'out'), e, h, d)
+    t.linear(f'{hf}.fc1', ours + ('mlp', 'wi'), m, e)
+    t.linear(f'{hf}.fc2', ours + ('mlp', 'wo'), e, m)
+    t.norm(f'{hf}.self_attn_layer_norm', ours + ('self_attention_norm',), e)
+    t.norm(f'{hf}.final_layer_norm', ours + ('mlp_norm',), e)
+  t.norm(f'{_PREFIX}final_layer_norm', ('stack', 'final_norm'), e)
   if not cfg.tie_output:
-    table[_HEAD] = (('lm_head', 'kernel'), (cfg.vocab_size, e), lambda w: w.T, lambda w: w.T)
-  return table
+    t.linear('lm_head', ('lm_head',), cfg.vocab_size, e, bias=False)
+  return t.table
 
 
 def convert_opt_state_dict(state: Mapping[str, Any], cfg: TransformerConfig) -> dict:

@@ -1,9 +1,9 @@
 """Hugging Face RoBERTa checkpoints <-> `Bert` config, params and byte-level BPE tokenizer.
 
     # config.json, model.safetensors, and tokenizer.json or vocab.json + merges.txt
-    cfg, params, tokenizer, heads = load_hf_roberta('/path/to/roberta')
-    ids, _ = tokenizer.encode_pair('Hello world')          # our ids: <pad> is 0, see below
-    out = Bert(cfg, **heads).apply({'params': params}, np.asarray([ids]))
+    model = hf_roberta.load('/path/to/roberta')     # an HFModel: config, params, tokenizer, heads
+    ids, _ = model.tokenizer.encode_pair('Hello world')    # our ids: <pad> is 0, see below
+    out = Bert(model.config, **model.heads).apply({'params': model.params}, np.asarray([ids]))
     # and back
     hf_config, state = roberta_config_to_hf(cfg, **bert_heads(params)), \\
         export_roberta_state_dict(cfg, params)
@@ -40,23 +40,29 @@ inverse, so round trips stay bitwise. HF's pad id is kept by the tokenizer (`hf_
 written to config.json on export.
 """
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
 
-from transformer_jax.convert.hf_bert import bare_names as _bert_bare_names
-from transformer_jax.convert.hf_bert import (ACTIVATIONS, HF_ACTIVATIONS, encoder_table, bert_heads,
-                                             check_bert_expressible)
+from transformer_jax.convert import families
+from transformer_jax.convert.hf_bert import (BERT_NAMES, bare_names, bert_heads,
+                                             check_bert_expressible, detect_heads,
+                                             encoder_config_to_hf, encoder_config_values,
+                                             encoder_table, export_encoder_state)
 from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
-from transformer_jax.convert.name_table import (ParamReader, Table, params_from_table, same,
-                                                state_from_table, transpose)
+from transformer_jax.convert.name_table import Table, params_from_table
 from transformer_jax.data.roberta_tokenizer import RobertaTokenizer, swap_ids
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import roberta_config
 
-_PREFIX = 'roberta.'
+# BERT's layers and pooler, RoBERTa's heads. `classifier.dense` is our pooler when the
+# classification head is there (module docstring).
+NAMES = dataclasses.replace(BERT_NAMES, prefix='roberta.', mlm_transform='lm_head.dense',
+                            mlm_norm='lm_head.layer_norm', mlm='lm_head.', sentence=None,
+                            classifier='classifier.out_proj')
 _POSITIONS = 'embeddings.position_embeddings.weight'
 _WORDS = 'embeddings.word_embeddings.weight'
 
@@ -87,36 +93,11 @@ def roberta_config_from_hf(hf_config: Mapping[str, Any],
   max_len is the usable positions: max_position_embeddings - pad_token_id - 1.
   """
   c = dict(hf_config)
-  model_type = c.get('model_type', 'roberta')
-  if model_type != 'roberta':
-    hint = {
-        'bert': ': a BERT checkpoint, import it with convert/hf_bert.load_hf_bert',
-        'albert': ': an ALBERT checkpoint, import it with convert/hf_albert.load_hf_albert'
-    }.get(model_type, "; only 'roberta' is read here")
-    raise ConfigError(f'config.json has model_type={model_type!r}{hint}')
-  activation = c.get('hidden_act', 'gelu')
-  if activation not in ACTIVATIONS:
-    raise ConfigError(f'config.json hidden_act={activation!r} is not supported; supported: '
-                      f'{sorted(ACTIVATIONS)}')
-  if c.get('position_embedding_type', 'absolute') != 'absolute':
-    raise ConfigError(f"config.json position_embedding_type={c['position_embedding_type']!r} "
-                      "is not supported (need 'absolute')")
-  if c.get('is_decoder') or c.get('add_cross_attention'):
-    raise ConfigError('config.json describes a RoBERTa decoder (is_decoder/add_cross_attention); '
-                      'only the bidirectional encoder is supported')
+  families.refuse_other_model_type(c, 'roberta', 'RoBERTa')
+  values = encoder_config_values(c, 'RoBERTa')
   pad = roberta_pad_id(c)
-  try:
-    table_rows = int(c['max_position_embeddings'])
-    values = dict(vocab_size=int(c['vocab_size']), emb_dim=int(c['hidden_size']),
-                  num_heads=int(c['num_attention_heads']), mlp_dim=int(c['intermediate_size']),
-                  num_encoder_layers=int(c['num_hidden_layers']), max_len=table_rows - pad - 1,
-                  norm_epsilon=float(c.get('layer_norm_eps',
-                                           1e-12)), activation=ACTIVATIONS[activation],
-                  dropout_rate=float(c.get('hidden_dropout_prob', 0.1)),
-                  attention_dropout_rate=float(c.get('attention_probs_dropout_prob', 0.1)),
-                  embed_init_std=float(c.get('initializer_range', 0.02)))
-  except KeyError as e:
-    raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for a RoBERTa model') from None
+  table_rows = values['max_len']
+  values['max_len'] = table_rows - pad - 1
   if values['max_len'] < 1:
     raise ConfigError(f'config.json max_position_embeddings={table_rows} leaves no position after '
                       f'the pad_token_id + 1 = {pad + 1} offset rows')
@@ -133,45 +114,19 @@ def roberta_config_from_hf(hf_config: Mapping[str, Any],
 def _roberta_table(cfg: TransformerConfig, type_vocab_size: int, heads: dict, pad_id: int,
                    pooler: bool) -> Table:
   """HF name (no 'roberta.' prefix on the encoder) -> (our path, HF shape, HF -> ours, ours ->
-  HF): BERT's encoder table with RoBERTa's positions, renumbered ids and heads."""
+  HF): BERT's encoder table under RoBERTa's names, with its positions and renumbered ids."""
   e, offset = cfg.emb_dim, pad_id + 1
-  # BERT's encoder and pooler (RoBERTa's layers have BERT's names), no BERT heads.
-  table = encoder_table(cfg, type_vocab_size, cfg.num_encoder_layers, {}, pooler=pooler)
-  table[_WORDS] = (('token_embed', 'embedding'), (cfg.vocab_size, e),
-                   lambda w: _swap_rows(w, pad_id), lambda w: _swap_rows(w, pad_id))
-  table[_POSITIONS] = (('input_embedding', 'position_embedding', 'embedding'),
-                       (cfg.max_len + offset, e), lambda w: np.ascontiguousarray(w[offset:]),
-                       lambda w: np.concatenate([np.zeros((offset, e), w.dtype), w]))
-
-  def dense(hf, path, out, inp):
-    table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), transpose, transpose)
-    table[f'{hf}.bias'] = (path + ('bias',), (out,), same, same)
-
-  if heads.get('mlm'):
-    dense('lm_head.dense', ('mlm_transform',), e, e)
-    table['lm_head.layer_norm.weight'] = (('mlm_norm', 'scale'), (e,), same, same)
-    table['lm_head.layer_norm.bias'] = (('mlm_norm', 'bias'), (e,), same, same)
-    table['lm_head.bias'] = (('mlm_bias',), (cfg.vocab_size,), lambda b: _swap_rows(b, pad_id),
-                             lambda b: _swap_rows(b, pad_id))
+  t = encoder_table(cfg, type_vocab_size, heads, pooler, NAMES)
   if heads.get('num_labels'):
-    dense('classifier.dense', ('pooler',), e, e)
-    dense('classifier.out_proj', ('classifier',), heads['num_labels'], e)
-  return table
-
-
-def _bare_names(state: Mapping[str, Any]) -> tuple[dict, dict]:
-  """(bare name -> array, bare name -> name in the file), as `hf_bert.bare_names`: no
-  'roberta.' prefix, buffers and the tied LM decoder dropped (refused if it is not tied)."""
-  return _bert_bare_names(state, _PREFIX, head='lm_head.')
-
-
-def detect_roberta_heads(state: Mapping[str, Any]) -> dict:
-  """The `Bert` head attributes a RoBERTa checkpoint's names and shapes imply."""
-  arrays, _ = _bare_names(state)
-  heads = {'mlm': 'lm_head.dense.weight' in arrays, 'sentence_classes': 0, 'num_labels': 0}
-  if 'classifier.out_proj.weight' in arrays:
-    heads['num_labels'] = int(arrays['classifier.out_proj.weight'].shape[0])
-  return heads
+    t.linear('classifier.dense', ('pooler',), e, e)
+  swap = lambda w: _swap_rows(w, pad_id)
+  t.table[_WORDS] = (('token_embed', 'embedding'), (cfg.vocab_size, e), swap, swap)
+  t.table[_POSITIONS] = (('input_embedding', 'position_embedding', 'embedding'),
+                         (cfg.max_len + offset, e), lambda w: np.ascontiguousarray(w[offset:]),
+                         lambda w: np.concatenate([np.zeros((offset, e), w.dtype), w]))
+  if heads.get('mlm'):
+    t.table[f'{NAMES.mlm}bias'] = (('mlm_bias',), (cfg.vocab_size,), swap, swap)
+  return t.table
 
 
 def convert_roberta_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
@@ -183,11 +138,11 @@ def convert_roberta_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
   pad_token_id (the position offset and the id swapped with 0). Raises one ConfigError naming
   unknown, missing or wrongly shaped parameters.
   """
-  heads = detect_roberta_heads(state) if heads is None else heads
+  heads = detect_heads(state, NAMES) if heads is None else heads
   if heads.get('sentence_classes'):
     raise ConfigError('RoBERTa has no next-sentence / sentence-order head (heads '
                       f'{heads}); set sentence_classes=0')
-  arrays, original = _bare_names(state)
+  arrays, original = bare_names(state, NAMES)
   if heads.get('mlm') and cfg.activation != 'gelu_exact':
     # HF's RobertaLMHead applies exact GELU whatever hidden_act says; ours follows the config.
     raise ConfigError(f'RoBERTa\'s LM head uses exact GELU; a model with activation='
@@ -198,15 +153,6 @@ def convert_roberta_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
                            what=f'a RoBERTa with {cfg.num_encoder_layers} layers and heads {heads}')
 
 
-def load_hf_roberta(directory: str, **overrides):
-  """(config, params, tokenizer, heads) for the HF RoBERTa checkpoint in `directory`, as
-  `load_hf_bert`: `heads` is {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'}, the
-  `Bert` attributes matching the weights; `tokenizer` is a `RobertaTokenizer` in our id space.
-  """
-  model = load(directory, **overrides)
-  return model.config, model.params, model.tokenizer, model.heads
-
-
 def load(directory: str, **overrides) -> HFModel:
   """The HF RoBERTa folder `directory` with its tokenizer in our id space (families.py's
   converter interface)."""
@@ -215,7 +161,7 @@ def load(directory: str, **overrides) -> HFModel:
   cfg, type_vocab_size = roberta_config_from_hf(hf_config, **overrides)
   pad = roberta_pad_id(hf_config)
   state = read_state_dict(directory)
-  heads = detect_roberta_heads(state)
+  heads = detect_heads(state, NAMES)
   params = convert_roberta_state_dict(state, cfg, type_vocab_size, heads, pad)
   tokenizer = RobertaTokenizer.from_dir(directory)
   if tokenizer.hf_pad_id != pad:
@@ -265,22 +211,12 @@ def roberta_config_to_hf(cfg: TransformerConfig, type_vocab_size: int = 1, mlm: 
   """
   architecture = roberta_architecture(mlm, sentence_classes, num_labels)
   _check_roberta_expressible(cfg, mlm)
-  config = {
-      'model_type': 'roberta', 'architectures': [architecture], 'vocab_size': cfg.vocab_size,
-      'hidden_size': cfg.emb_dim, 'num_hidden_layers': cfg.num_encoder_layers,
-      'num_attention_heads': cfg.num_heads, 'intermediate_size': cfg.mlp_dim,
-      'hidden_act': HF_ACTIVATIONS[cfg.activation], 'hidden_dropout_prob': cfg.dropout_rate,
-      'attention_probs_dropout_prob': cfg.attention_dropout_rate,
-      'max_position_embeddings': cfg.max_len + pad_token_id + 1,
-      'type_vocab_size': int(type_vocab_size), 'initializer_range': cfg.embed_init_std or 0.02,
-      'layer_norm_eps': cfg.norm_epsilon, 'position_embedding_type': 'absolute',
-      'pad_token_id': int(pad_token_id), 'bos_token_id': int(bos_token_id),
-      'eos_token_id': int(eos_token_id), 'tie_word_embeddings': True, 'is_decoder': False,
-      'add_cross_attention': False, 'classifier_dropout': None, 'dtype': 'float32'
-  }
-  if num_labels:
-    config['id2label'] = {str(i): f'LABEL_{i}' for i in range(num_labels)}
-    config['label2id'] = {f'LABEL_{i}': i for i in range(num_labels)}
+  config = dict(model_type='roberta',
+                **encoder_config_to_hf(cfg, type_vocab_size, architecture, num_labels),
+                position_embedding_type='absolute', pad_token_id=int(pad_token_id),
+                bos_token_id=int(bos_token_id), eos_token_id=int(eos_token_id), is_decoder=False,
+                add_cross_attention=False, classifier_dropout=None)
+  config['max_position_embeddings'] = cfg.max_len + pad_token_id + 1  # the offset rows
   return config
 
 
@@ -298,12 +234,9 @@ def export_roberta_state_dict(cfg: TransformerConfig, params,
   heads = bert_heads(params)
   architecture = roberta_architecture(heads['mlm'], heads['sentence_classes'], heads['num_labels'])
   _check_roberta_expressible(cfg, heads['mlm'])
-  prefix = '' if architecture == 'RobertaModel' else _PREFIX
   pooler = 'pooler' in params and not heads['num_labels']  # else it is classifier.dense
   table = _roberta_table(cfg, heads['type_vocab_size'], heads, pad_token_id, pooler)
-  state = state_from_table(table, ParamReader(params, 'RoBERTa'))
-  return {('' if name.startswith(('lm_head.', 'classifier.')) else prefix) + name: value
-          for name, value in state.items()}
+  return export_encoder_state(table, params, 'RoBERTa', NAMES, architecture == 'RobertaModel')
 
 
 def exporters(heads: dict | None = None, special_ids: dict | None = None):

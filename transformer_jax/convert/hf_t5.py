@@ -1,7 +1,7 @@
 """Hugging Face T5 checkpoints <-> `EncoderDecoder` config and params (T5 v1.0 and v1.1).
 
-    cfg, params = load_hf_t5('/path/to/t5')    # config.json + model.safetensors
-    logits = EncoderDecoder(cfg).apply({'params': params}, inputs, targets)
+    model = hf_t5.load('/path/to/t5')          # config.json + model.safetensors: an HFModel
+    logits = EncoderDecoder(model.config).apply({'params': model.params}, inputs, targets)
 
     hf_config = t5_config_to_hf(cfg)           # config.json for T5ForConditionalGeneration
     state = export_t5_state_dict(cfg, params)  # HF names -> arrays, as save_pretrained writes
@@ -15,7 +15,7 @@ layer 0's bias. The encoder's and decoder's `embed_tokens` are the `shared` tabl
 Which output projection: transformers 5 always ties `lm_head` to `shared` unless the checkpoint
 holds a different `lm_head.weight`, and scales the decoder output by d_model**-0.5 when
 `scale_decoder_outputs` (older config.json files: `tie_word_embeddings`, False for v1.1) says
-so. `load_hf_t5` follows the same rules. Our PAD_ID 0 and EOS_ID 1 are T5's pad and eos, and
+so. `load` follows the same rules. Our PAD_ID 0 and EOS_ID 1 are T5's pad and eos, and
 `shift_right` starts the decoder with 0, T5's decoder_start_token_id.
 """
 
@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from transformer_jax.convert import families
 from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
 from transformer_jax.convert.name_table import params_from_table, params_to_numpy, same
 from transformer_jax.errors import ConfigError
@@ -88,13 +89,11 @@ def _scales_output(c: Mapping[str, Any]) -> bool:
 def t5_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> TransformerConfig:
   """Our config for an HF `T5Config` dict (config.json); `overrides` win (e.g. max_len, dtype).
 
-  The output is tied as `tie_word_embeddings` says (older files: False for v1.1); `load_hf_t5`
+  The output is tied as `tie_word_embeddings` says (older files: False for v1.1); `load`
   corrects that from the weights, as transformers 5 does.
   """
   c = dict(hf_config)
-  if c.get('model_type', 't5') != 't5':
-    raise ConfigError(f"config.json has model_type={c['model_type']!r}; only 't5' is supported "
-                      '(a T5ForConditionalGeneration checkpoint)')
+  families.refuse_other_model_type(c, 't5', 'T5')
   if c.get('is_decoder'):
     raise ConfigError('config.json has is_decoder=true: only the encoder-decoder '
                       'T5ForConditionalGeneration is supported')
@@ -246,17 +245,6 @@ def _untied_head(state: Mapping[str, Any]) -> bool:
   embedding = next((state[n] for n in _EMBEDDINGS if n in state), None)
   return embedding is None or not np.array_equal(np.asarray(state['lm_head.weight']),
                                                  np.asarray(embedding))
-
-
-def load_hf_t5(directory: str, **overrides) -> tuple[TransformerConfig, dict]:
-  """(config, params) for the HF T5ForConditionalGeneration checkpoint in `directory`.
-
-  `overrides` go to the config (e.g. max_len=1024, dropout_rate=0.0). Whether the output is
-  tied follows the weights as in transformers 5: an `lm_head.weight` different from the
-  embedding is an untied head, none is the tied one.
-  """
-  model = load(directory, **overrides)
-  return model.config, model.params
 
 
 def load(directory: str, **overrides) -> HFModel:

@@ -7,6 +7,8 @@ A converter describes its family once, as a table
 and this module does the rest in both directions, so the importers and exporters of all
 families check and name bad tensors the same way:
 
+- `TableBuilder`: a table written entry by entry, in the layouts the families' layers share
+  (linear layers, projections onto and from attention heads, norms).
 - `canonical_names`: a state dict's names made the table's (a prefix stripped or added,
   buffers dropped), refusing a name present both with and without the prefix;
   `causal_lm_names` for the causal LMs whose head may be tied to the embedding.
@@ -34,6 +36,53 @@ def same(x):
 def transpose(w):
   """nn.Linear's [out, in] weight <-> our [in, out] kernel."""
   return np.ascontiguousarray(w.T)
+
+
+class TableBuilder:
+  """Writes a `Table` entry by entry, in the layouts every family's layers share: `table` is
+  the result. `bias=False` leaves a layer's bias out (LLaMA has none)."""
+
+  def __init__(self):
+    self.table: Table = {}
+
+  def same(self, hf: str, path: tuple[str, ...], shape: tuple[int, ...]) -> None:
+    """A tensor laid out alike on both sides (an embedding table, a bias vector)."""
+    self.table[hf] = (path, shape, same, same)
+
+  def linear(self, hf: str, path: tuple[str, ...], out: int, inp: int, bias: bool = True) -> None:
+    """nn.Linear `hf`: weight [out, in] <-> our kernel [in, out], bias [out]."""
+    self.table[f'{hf}.weight'] = (path + ('kernel',), (out, inp), transpose, transpose)
+    if bias:
+      self.same(f'{hf}.bias', path + ('bias',), (out,))
+
+  def to_heads(self, hf: str, path: tuple[str, ...], width: int, heads: int, head_dim: int,
+               bias: bool = True) -> None:
+    """A projection onto attention heads: weight [heads * head_dim, width] <-> kernel [width,
+    heads, head_dim] (HF orders the columns head-major, as our axes), bias [heads * head_dim] <->
+    [heads, head_dim]."""
+    self.table[f'{hf}.weight'] = (path + ('kernel',), (heads * head_dim, width),
+                                  lambda w: transpose(w).reshape(width, heads, head_dim),
+                                  lambda k: transpose(k.reshape(width, heads * head_dim)))
+    if bias:
+      self.table[f'{hf}.bias'] = (path + ('bias',), (heads * head_dim,),
+                                  lambda b: b.reshape(heads, head_dim),
+                                  lambda b: b.reshape(heads * head_dim))
+
+  def from_heads(self, hf: str, path: tuple[str, ...], width: int, heads: int, head_dim: int,
+                 bias: bool = True) -> None:
+    """The attention output projection: weight [width, heads * head_dim] <-> kernel [heads,
+    head_dim, width], bias [width]."""
+    self.table[f'{hf}.weight'] = (path + ('kernel',), (width, heads * head_dim),
+                                  lambda w: transpose(w).reshape(heads, head_dim, width),
+                                  lambda k: transpose(k.reshape(heads * head_dim, width)))
+    if bias:
+      self.same(f'{hf}.bias', path + ('bias',), (width,))
+
+  def norm(self, hf: str, path: tuple[str, ...], width: int, bias: bool = True) -> None:
+    """A LayerNorm (weight, bias) or RMSNorm (weight only) <-> our scale (and bias)."""
+    self.same(f'{hf}.weight', path + ('scale',), (width,))
+    if bias:
+      self.same(f'{hf}.bias', path + ('bias',), (width,))
 
 
 def shown(names, limit: int = 8) -> str:

@@ -399,7 +399,7 @@ def finetune_tokenizer(config, workdir: str):
     raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
   if config.init.hf_dir:
     from transformer_jax.convert.hf_bert import tokenizer_lowercase
-    lowercase = tokenizer_lowercase(config.init.hf_dir)  # as load_hf_bert reads it
+    lowercase = tokenizer_lowercase(config.init.hf_dir)  # as hf_bert.load reads it
   else:
     lowercase = bool(load_saved_config(config.init.bert_workdir).tokenizer.lowercase)
   return WordPieceTokenizer.from_vocab(path, lowercase=lowercase)

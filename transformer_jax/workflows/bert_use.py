@@ -147,13 +147,16 @@ def evaluate_file(workdir: str, test_path: str, *, batch_size: int = 32) -> dict
 
 def restore_mlm(workdir: str = '', hf_dir: str = ''):
   """(model, params, tokenizer) with the MLM head: a pretraining workdir's latest checkpoint or
-  an imported HF BERT directory (`load_hf_bert`; it must hold the MLM head)."""
-  from transformer_jax.convert.hf_bert import bert_heads, load_hf_bert
+  an imported HF BERT directory (`hf_bert.load`; it must hold the MLM head)."""
+  from transformer_jax.convert import hf_bert
+  from transformer_jax.convert.hf_bert import bert_heads
   from transformer_jax.models.bert import Bert
   if bool(workdir) == bool(hf_dir):
     raise ConfigError('fill_mask reads one model: --workdir=PRETRAINING_WORKDIR or --hf_dir=DIR')
   if hf_dir:
-    cfg, params, tokenizer, heads = load_hf_bert(hf_dir)
+    imported = hf_bert.load(hf_dir)
+    cfg, params, tokenizer, heads = (imported.config, imported.params, imported.tokenizer,
+                                     imported.heads)
     if not heads['mlm']:
       raise ConfigError(f'{hf_dir} has no masked-LM head (cls.predictions.*): fill_mask needs a '
                         'BertForMaskedLM or BertForPreTraining checkpoint')

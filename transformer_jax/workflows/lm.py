@@ -269,20 +269,23 @@ def check_lm_workdir(config, workdir: str):
 def load_hf_model(directory: str):
   """(task, tokenizer, params) of the HF causal LM in `directory`, the task's EOS the
   tokenizer's."""
-  from transformer_jax.convert import hf_auto
+  from transformer_jax.convert import families
   from transformer_jax.tasks.lm import LanguageModelTask
   directory = os.path.abspath(os.path.expanduser(directory))
   if not os.path.isdir(directory):
     raise ConfigError(f'--hf_dir {directory} does not exist: a Hugging Face model folder')
-  hf_auto.causal_lm_family(directory)  # refuse another kind of model before reading anything
+  # Refuses another kind of model before reading anything.
+  family = families.of_directory(directory, families.CAUSAL_LM)
   tokenizer = HFTokenizer.from_dir(directory)
-  family, cfg, params = hf_auto.load_hf_causal_lm(directory)
+  imported = family.load(directory)
+  cfg, params = imported.config, imported.params
   # Ids past the embedding would index out of it (jnp.take clamps: silently wrong tokens). A
   # smaller tokenizer is fine: models often round their embedding up.
   if tokenizer.vocab_size > cfg.vocab_size:
-    raise ConfigError(f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens but the '
-                      f'{family} model\'s embedding has {cfg.vocab_size} rows; use the tokenizer '
-                      'the model was trained with')
+    raise ConfigError(
+        f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens but the '
+        f'{family.name} model\'s embedding has {cfg.vocab_size} rows; use the tokenizer '
+        'the model was trained with')
   task = LanguageModelTask(cfg, tokenizer=tokenizer, eos_id=tokenizer.eos_id)
   return task, tokenizer, params
 

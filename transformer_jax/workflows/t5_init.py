@@ -236,7 +236,8 @@ def init_config(config, workdir: str, model_config, restore):
       raise ConfigError(f'the tokenizer of init.hf_dir {path} has {tokenizer.vocab_size} ids but '
                         f'the model\'s embedding has {declared.vocab_size} rows (vocab_size in '
                         'config.json): the tokenizer does not belong to this checkpoint')
-    cfg, params = hf_t5.load_hf_t5(path)
+    imported = hf_t5.load(path)
+    cfg, params = imported.config, imported.params
     config = _with_hf_source(config, cfg, tokenizer.vocab_size)
     files = {}
     for name in _HF_TOKENIZER_FILES:
@@ -330,7 +331,7 @@ def pretrained_params(pretrained: Pretrained, scan_layers: bool, restore) -> dic
                                restore)
     else:
       from transformer_jax.convert import hf_t5
-      params = hf_t5.load_hf_t5(pretrained.path)[1]
+      params = hf_t5.load(pretrained.path).params
   return scan_layout.for_layout(params, scan_layers)
 
 
