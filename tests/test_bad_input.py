@@ -211,9 +211,9 @@ def test_trained_workdir_with_another_model_or_without_its_tokenizer(tmp_path, t
 
 def test_translation_tokenizer_missing_from_workdir(tmp_path, tiny_config):
   """Inference modes never train a tokenizer: a workdir without spm.model is a ConfigError."""
-  from transformer_jax.workflows import translation
+  from transformer_jax.workflows import translation_model
   with pytest.raises(ConfigError, match=r'no tokenizer model \(spm\*\.model\) in .*train first'):
-    translation.load_tokenizers(tiny_config(), str(tmp_path))
+    translation_model.load_tokenizers(tiny_config(), str(tmp_path))
   assert os.listdir(tmp_path) == []
 
 

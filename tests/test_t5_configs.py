@@ -19,7 +19,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.encoder_decoder import T5_V1_1_ARCHITECTURE
 from transformer_jax.special_tokens import EOS_ID
-from transformer_jax.workflows import translation
+from transformer_jax.workflows import translation, translation_model
 
 TINY_MODEL = dict(emb_dim=32, num_heads=2, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
 
@@ -124,7 +124,7 @@ def test_multi30k_config_trains_text_to_text_with_the_prefix(corpus, tmp_path):
   results = translation.train_and_evaluate(config, str(tmp_path))
   assert_learns(results, tmp_path, 400)
 
-  src_tok, tgt_tok = translation.load_tokenizers(config, str(tmp_path))
+  src_tok, tgt_tok = translation_model.load_tokenizers(config, str(tmp_path))
   assert isinstance(src_tok, PrefixedTokenizer) and isinstance(tgt_tok, SentinelTokenizer)
   assert src_tok.vocab_size == tgt_tok.vocab_size == 400
   prefix_ids = tgt_tok.encode(prefix)
@@ -152,14 +152,14 @@ def test_defaults_and_older_configs_leave_translation_unchanged(tiny_config):
   assert (config.data.task, config.data.source_prefix,
           config.tokenizer.num_sentinels) == ('translation', '', 0)
   marker = object()
-  assert translation.text_to_text_tokenizers(config, marker, marker) == (marker, marker)
+  assert translation_model.text_to_text_tokenizers(config, marker, marker) == (marker, marker)
   for key in ('task', 'source_prefix', 'text_path', 'valid_text_path', 'valid_fraction',
               'noise_density', 'mean_noise_span_length'):
     del config.data[key]
   del config.tokenizer['num_sentinels']
   translation.validate(config)
-  assert translation.requested_vocab_size(config) == config.tokenizer.vocab_size
-  assert translation.text_to_text_tokenizers(config, marker, marker) == (marker, marker)
+  assert translation_model.requested_vocab_size(config) == config.tokenizer.vocab_size
+  assert translation_model.text_to_text_tokenizers(config, marker, marker) == (marker, marker)
 
 
 @pytest.mark.parametrize('overrides, message', [

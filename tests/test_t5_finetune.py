@@ -32,7 +32,7 @@ from transformer_jax.cli.workdir import load_saved_config, save_config
 from transformer_jax.errors import ConfigError
 from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.training import trainer as trainer_lib
-from transformer_jax.workflows import t5_init, translation
+from transformer_jax.workflows import translation, translation_model
 
 TINY_MODEL = dict(emb_dim=32, num_heads=2, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
 PREFIX = 'translate English to German: '
@@ -275,7 +275,7 @@ def test_finetunes_a_hugging_face_t5(hf_t5_dir, corpus, tmp_path, fit_calls, tra
         f'|difference| {abs(ours - theirs):.2g}')
   assert abs(ours - theirs) <= 1e-5
 
-  assert sorted(os.listdir(os.path.join(workdir, t5_init.HF_TOKENIZER_DIR))) == [
+  assert sorted(os.listdir(os.path.join(workdir, translation_model.HF_TOKENIZER_DIR))) == [
       'config.json', 'tokenizer.json', 'tokenizer_config.json'
   ]
   saved = load_saved_config(workdir)

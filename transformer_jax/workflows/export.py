@@ -6,9 +6,9 @@
 
 The workdir is read the way the workflow that wrote it reads it: its saved config
 (cli/workdir.load_saved_config), its model config and tokenizer from that workflow's own
-functions (workflows/{lm,bert,translation}.py), its params from the latest readable checkpoint
-(training/checkpointing.restore_params_only: the optimizer state is not read, nothing is
-written). convert/export.py knows the Hugging Face side. The family follows from the config,
+functions (workflows/{lm,bert,translation_model}.py), its params from the latest readable
+checkpoint (training/checkpointing.restore_params_only: the optimizer state is not read, nothing
+is written). convert/export.py knows the Hugging Face side. The family follows from the config,
 before any weight is read:
 
   experiments.lm, GPT-2's switches (learned positions, Pre-LN, biases)  -> gpt2  (GPT2LMHeadModel)
@@ -38,7 +38,7 @@ from transformer_jax.convert import families
 from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows import bert, lm, translation
+from transformer_jax.workflows import bert, lm, translation_model
 
 
 def kind_of(config) -> str:
@@ -62,7 +62,7 @@ def model_config(kind: str, config, vocab_size: int):
   if kind == families.CAUSAL_LM:
     return lm.model_config(config, vocab_size), None
   if kind == families.ENCODER_DECODER:  # one vocabulary (family_of checks tokenizer.joint)
-    return translation.model_config(config, vocab_size, vocab_size), None
+    return translation_model.model_config(config, vocab_size, vocab_size), None
   if config.mode == 'pretrain':
     return bert.pretrain_model_config(config, vocab_size), bert.segment_types(config)
   # The model fine-tuning started from, with config.model's overrides (its weights unread).
@@ -109,7 +109,7 @@ def load_tokenizer(kind: str, config, workdir: str):
   if kind == families.CAUSAL_LM:
     return lm.load_tokenizer(config, workdir)
   if kind == families.ENCODER_DECODER:  # joint (family_of checked): the target's is the vocabulary
-    return translation.load_tokenizers(config, workdir)[1]
+    return translation_model.load_tokenizers(config, workdir)[1]
   if config.mode == 'pretrain':
     return bert.pretrain_tokenizer(config, workdir)
   return bert.finetune_tokenizer(config, workdir)

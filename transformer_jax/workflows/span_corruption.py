@@ -4,8 +4,9 @@ T5's objective (Raffel et al. 2020) on plain text: the non-empty lines of data.t
 tokenized, packed into chunks whose corrupted inputs fill data.max_len, and each chunk turned
 into (inputs with spans cut out, the spans) by data/span_corruption.py, afresh each epoch;
 validation is on held-out text. The model vocabulary is the tokenizer's plus
-tokenizer.num_sentinels. The rest (tokenizers, task, trainer, evaluation) is the translation
-workflow's, which imports this module and passes its `load_tokenizers` and `build` in.
+tokenizer.num_sentinels. The tokenizers, task and trainer are the translation model's
+(workflows/translation_model.py); the translation workflow, which imports this module, runs the
+training and evaluation.
 """
 
 from absl import logging
@@ -13,26 +14,11 @@ from absl import logging
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import batching, span_corruption, text
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.workflows.translation_model import build, load_tokenizers, num_sentinels
 
 # Held-out chunks are corrupted with this stream; training epochs use (seed, epoch).
 _VALID_STREAM = 2**32 - 1
 _ENCODE_CHUNK = 8192  # lines tokenized at a time (SentencePiece's threads; bounded memory)
-
-# The sentinel count and the vocabulary it adds are read here for the whole translation workflow
-# (text-to-text fine-tuning too: workflows/t5_init.py), which imports this module.
-
-
-def num_sentinels(config) -> int:
-  """tokenizer.num_sentinels: extra ids on top of the tokenizer's (0 for configs without it)."""
-  count = int(config.tokenizer.get('num_sentinels', 0))
-  if count < 0:
-    raise ConfigError(f'tokenizer.num_sentinels must be >= 0, got {count}')
-  return count
-
-
-def requested_vocab_size(config) -> int:
-  """The model vocabulary the config asks for: tokenizer.vocab_size plus the sentinels."""
-  return int(config.tokenizer.vocab_size) + num_sentinels(config)
 
 
 def noise_settings(config) -> dict:
@@ -111,14 +97,14 @@ def validate_span_corruption(config):
                       f'{spans + 1} or lower max_len')
 
 
-def span_corruption_data(config, workdir: str, load_tokenizers, build):
+def span_corruption_data(config, workdir: str):
   """(task, trainer, train batches, valid batches, valid pairs) for span-corruption pretraining.
 
   The tokenizer is trained on the training lines; the model vocabulary adds the sentinels.
   Training chunks are corrupted afresh each epoch; the held-out chunks once, with their own
   stream, so every evaluation scores the same pairs. The validation pairs as text (sentinels
   written '<extra_id_i>') are what the task decodes for its BLEU and the sample fill-ins in the
-  log. `load_tokenizers` and `build` are the translation workflow's.
+  log.
   """
   data = config.data
   train_lines, valid_lines = load_text(config)

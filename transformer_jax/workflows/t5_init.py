@@ -10,8 +10,9 @@ saved config holds the resolved model and tokenizer sections, so --mode=translat
 need nothing but the workdir, and the pretrained params replace the fresh ones at step 0 only: a
 rerun resumes from its own checkpoints without reading W or D again.
 
-workflows/translation.py calls these and imports this module, so what this one needs of the
-workflow (its `model_config` and `restore_for_inference`) is passed in, never imported.
+workflows/translation.py calls these; the fine-tuned model's config and the init source come
+from workflows/translation_model.py, init.workdir's params straight from its checkpoint (params
+only: no model, optimizer or trainer is built to read them).
 """
 
 import dataclasses
@@ -25,13 +26,10 @@ from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
-from transformer_jax.workflows.span_corruption import num_sentinels, requested_vocab_size
+from transformer_jax.workflows.translation_model import (HF_DIR, HF_TOKENIZER_DIR, SPM_MODEL,
+                                                         WORKDIR, init_source, model_config,
+                                                         num_sentinels, requested_vocab_size)
 
-WORKDIR, HF_DIR = 'workdir', 'hf_dir'  # init_source's kinds
-# A translation workdir's joint SentencePiece model (init.workdir's is copied under this name),
-# and the workdir folder an init.hf_dir's tokenizer files are copied into.
-SPM_MODEL = 'spm.model'
-HF_TOKENIZER_DIR = 'hf_tokenizer'
 # Copied from init.hf_dir into the workdir, settings first and models last: a half-finished
 # copy has no model file and is copied again. config.json names the special ids (as
 # HFTokenizer.from_dir reads them) when no tokenizer_config.json does.
@@ -47,17 +45,6 @@ _NOT_COMPARED = ('head_dim', 'num_kv_heads', 'source_vocab_size', 'max_len', 'de
 # The switches that make an encoder-decoder a T5 (convert/hf_t5.py exports exactly these).
 _T5_SWITCHES = ('norm_type', 'norm_position', 'position', 'use_bias', 'scale_embeddings',
                 'share_embeddings', 'scale_attention_scores')
-
-
-def init_source(config) -> tuple[str, str]:
-  """(WORKDIR or HF_DIR, path) of the pretrained T5 a run starts from; ('', '') for none
-  (also for configs saved before config.init existed)."""
-  init = config.get('init', None) or {}
-  workdir, hf_dir = str(init.get('workdir', '') or ''), str(init.get('hf_dir', '') or '')
-  if workdir and hf_dir:
-    raise ConfigError(f'init.workdir={workdir} and init.hf_dir={hf_dir} are both set: a '
-                      'fine-tuning run starts from one pretrained T5; clear one of them')
-  return (WORKDIR, workdir) if workdir else (HF_DIR, hf_dir) if hf_dir else ('', '')
 
 
 @dataclasses.dataclass
@@ -206,12 +193,11 @@ def _with_hf_source(config, cfg: TransformerConfig, tokenizer_size: int):
   return config
 
 
-def init_config(config, workdir: str, model_config, restore):
+def init_config(config, workdir: str):
   """(the run's config, Pretrained) for a config with init.*: the pretrained model's tokenizer
   and model sections in the config, its tokenizer files and params loaded and checked.
   Everything is read and checked here and nothing is written, so bad input leaves the
-  workdir untouched. `model_config` and `restore` are the workflow's `model_config` and
-  `restore_for_inference` (the fine-tuned model; init.workdir's params).
+  workdir untouched.
 
   A workdir with a checkpoint resumes: its saved config has the resolved sections (config.model
   gives only the RUNTIME_FIELDS and, for init.workdir, must still agree), and nothing of the
@@ -227,7 +213,7 @@ def init_config(config, workdir: str, model_config, restore):
     config = _with_workdir_source(config, saved, vocab)
     with open(os.path.join(path, SPM_MODEL), 'rb') as f:
       files = {SPM_MODEL: f.read()}
-    params = _workdir_params(saved, path, restore)
+    params = _workdir_params(path)
   else:
     from transformer_jax.convert import hf_t5
     declared = _hf_model_config(path)
@@ -270,14 +256,11 @@ def resumed_config(config, workdir: str):
   return config
 
 
-def _workdir_params(saved, path: str, restore) -> dict:
-  """init.workdir's latest params as host arrays, read by the workflow's `restore` (its
-  restore_for_inference; the trainer writes nothing to the workdir)."""
-  import jax
-  _, trainer, params = restore(saved, path)
-  params = jax.device_get(params)
-  trainer.close()
-  return params
+def _workdir_params(path: str) -> dict:
+  """init.workdir's params of its latest readable checkpoint, as host arrays in the layer
+  layout they were saved in (the optimizer state is not read; nothing is written there)."""
+  from transformer_jax.training.checkpointing import restore_params_only
+  return restore_params_only(os.path.join(path, 'checkpoints'))
 
 
 def _check_fits(model_cfg: TransformerConfig, params, kind: str, path: str):
@@ -320,31 +303,28 @@ def write_init_tokenizer(workdir: str, pretrained: Pretrained):
     write_atomically(os.path.join(directory, name), data)
 
 
-def pretrained_params(pretrained: Pretrained, scan_layers: bool, restore) -> dict:
-  """The pretrained params in the model's layer layout (read again if the run resumed;
-  init.workdir's with the workflow's `restore`, as in `init_config`)."""
+def pretrained_params(pretrained: Pretrained, scan_layers: bool) -> dict:
+  """The pretrained params in the model's layer layout (read again if the run resumed)."""
   from transformer_jax.layers import scan_layout
   params = pretrained.params
   if params is None:  # resumed, but the checkpoints proved unreadable: step 0 after all
     if pretrained.kind == WORKDIR:
-      params = _workdir_params(_pretrained_workdir_config(pretrained.path), pretrained.path,
-                               restore)
+      _pretrained_workdir_config(pretrained.path)  # still a T5 of ours, with a checkpoint
+      params = _workdir_params(pretrained.path)
     else:
       from transformer_jax.convert import hf_t5
       params = hf_t5.load(pretrained.path).params
   return scan_layout.for_layout(params, scan_layers)
 
 
-def start_state(trainer, train_data, pretrained: Pretrained, restore):
+def start_state(trainer, train_data, pretrained: Pretrained):
   """The trainer's state: restored from the workdir's checkpoint, or at step 0 the fresh one
-  with every param replaced by the pretrained model's (as BERT fine-tuning starts); `restore`
-  as in `pretrained_params`."""
+  with every param replaced by the pretrained model's (as BERT fine-tuning starts)."""
   import jax
   from transformer_jax.workflows.bert import overlay_params
   state = trainer.init_or_restore(train_data)
   if int(jax.device_get(state.step)) == 0:
-    state = overlay_params(state,
-                           pretrained_params(pretrained, trainer.task.cfg.scan_layers, restore))
+    state = overlay_params(state, pretrained_params(pretrained, trainer.task.cfg.scan_layers))
   return state
 
 

@@ -16,6 +16,11 @@ The same encoder-decoder also runs T5's recipes (Raffel et al. 2020), chosen by 
     (workflows/t5_init.py; the tokenizer of an HF directory: data/t5_tokenizer.py).
 All are off by default (task 'translation', no prefix, no sentinels, no init), and then nothing
 changes.
+
+The layers, top down: this module composes the data, the recipes and the model;
+workflows/span_corruption.py and workflows/t5_init.py import what they need of the model from
+workflows/translation_model.py (tokenizers, model config, task and trainer), which imports
+neither. No function is passed down to be called back.
 """
 
 import os
@@ -24,18 +29,17 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
-from transformer_jax.data import batching, packing, span_corruption, text, tokenizer as tok
+from transformer_jax.data import batching, packing, span_corruption, text
 from transformer_jax.data.numbers import make_numbers_splits
-from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
-from transformer_jax.model_config import TransformerConfig, model_config_from_dict
-from transformer_jax.workflows.span_corruption import (noise_settings, num_sentinels,
-                                                       requested_vocab_size, span_corruption_data,
+from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.workflows.span_corruption import (noise_settings, span_corruption_data,
                                                        validate_span_corruption)
-from transformer_jax.workflows.t5_init import (HF_DIR, HF_TOKENIZER_DIR, SPM_MODEL, WORKDIR,
-                                               init_config, init_source, planned_config,
-                                               resumed_config, start_state, write_init_tokenizer)
+from transformer_jax.workflows.t5_init import (init_config, planned_config, resumed_config,
+                                               start_state, write_init_tokenizer)
+from transformer_jax.workflows.translation_model import (build, init_source, model_config,
+                                                         requested_vocab_size)
 
 TRANSLATION, SPAN_CORRUPTION = 'translation', 'span_corruption'
 
@@ -85,63 +89,6 @@ def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
   raise ConfigError(f"data.source must be 'files', 'tfds' or 'numbers', got {data.source!r}")
 
 
-def load_tokenizers(config, workdir: str, train_pairs=None):
-  """(source, target) SentencePiece tokenizers, trained on the training text on first run.
-
-  A fine-tuning run (init.*) never trains one: it reads the pretrained model's, which
-  `write_init_tokenizer` copied into the workdir (spm.model, or the HF_TOKENIZER_DIR folder).
-  """
-  kind, _ = init_source(config)
-  if kind == HF_DIR:
-    tokenizer = load_hf_t5_tokenizer(os.path.join(workdir, HF_TOKENIZER_DIR), copied=True)
-    return text_to_text_tokenizers(config, tokenizer, tokenizer)
-  if kind == WORKDIR:
-    if not os.path.isfile(os.path.join(workdir, SPM_MODEL)):
-      raise ConfigError(f'no {SPM_MODEL} in {workdir}: a fine-tuning run copies init.workdir\'s '
-                        'there before its first step; copy it back from there')
-    train_pairs = None
-  t = config.tokenizer
-
-  def texts(*sides):
-
-    def read():  # called only when the model file is missing
-      if train_pairs is None:
-        raise ConfigError(f'no tokenizer model (spm*.model) in {workdir}: training writes it; '
-                          'train first, or if this workdir was trained, rerun its training '
-                          'command (the tokenizer is retrained identically) or copy it back')
-      # The tokenizer learns the text as the model sees it: sources with their prefix.
-      prefix = {0: config.data.get('source_prefix', ''), 1: ''}
-      return (prefix[side] + s for side in sides for s in train_pairs[side])
-
-    return read
-
-  kwargs = dict(vocab_size=t.vocab_size, model_type=t.model_type, max_sentences=t.max_sentences)
-  if t.joint:
-    shared = tok.load_or_train_tokenizer(os.path.join(workdir, SPM_MODEL), texts(0, 1), **kwargs)
-    src_tok = tgt_tok = shared
-  else:
-    src_tok = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.src.model'), texts(0),
-                                          **kwargs)
-    tgt_tok = tok.load_or_train_tokenizer(os.path.join(workdir, 'spm.tgt.model'), texts(1),
-                                          **kwargs)
-  return text_to_text_tokenizers(config, src_tok, tgt_tok)
-
-
-def text_to_text_tokenizers(config, src_tok, tgt_tok):
-  """The SentencePiece tokenizers as the model sees them: with tokenizer.num_sentinels extra
-  ids on top (T5's sentinels, so the model vocabulary is the tokenizer's plus those), and with
-  data.source_prefix on every source text. Unchanged when both are off."""
-  count = num_sentinels(config)
-  if count:
-    shared = src_tok is tgt_tok
-    tgt_tok = span_corruption.SentinelTokenizer(tgt_tok, count)
-    src_tok = tgt_tok if shared else span_corruption.SentinelTokenizer(src_tok, count)
-  prefix = config.data.get('source_prefix', '')
-  if prefix:
-    src_tok = span_corruption.PrefixedTokenizer(src_tok, prefix)
-  return src_tok, tgt_tok
-
-
 # -- composition --------------------------------------------------------------------------------
 
 
@@ -163,38 +110,6 @@ def validate(config):
   model_config_from_dict(config.model, vocab_size=requested_vocab_size(config),
                          max_len=config.data.max_len)
   validation.check_training(config)
-
-
-def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
-  """Tokenizers, task and trainer for `config` (the model sized to the tokenizers, sentinels
-  included); `tokenizers` = (source, target) from `load_tokenizers` if already loaded."""
-  from transformer_jax.tasks.translation import TranslationTask
-  from transformer_jax.training.trainer import Trainer
-  src_tok, tgt_tok = tokenizers or load_tokenizers(config, workdir, train_pairs)
-  model_cfg = model_config(config, src_tok.vocab_size, tgt_tok.vocab_size)
-  bleu_n = config.eval.bleu_sentences or len(valid_pairs[0])
-  task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing,
-                         beam_size=config.eval.beam_size, alpha=config.eval.alpha,
-                         decode_rows=config.eval.decode_rows, src_tokenizer=src_tok,
-                         tgt_tokenizer=tgt_tok, eval_sources=valid_pairs[0][:bleu_n],
-                         eval_references=valid_pairs[1][:bleu_n])
-  return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
-
-
-def model_config(config, src_vocab_size: int, tgt_vocab_size: int) -> TransformerConfig:
-  """The model for tokenizers of these sizes: sized to them, or, fine-tuning an HF T5, the
-  checkpoint's (config.model as `init_config` wrote it), whose embedding may have rows the
-  tokenizer does not use (t5-small: 32,128 for 32,100 ids) but not fewer."""
-  if init_source(config)[0] == HF_DIR:
-    cfg = model_config_from_dict(config.model, max_len=config.data.max_len)
-    if tgt_vocab_size > cfg.vocab_size:
-      raise ConfigError(f'the tokenizer has {tgt_vocab_size} ids but the model\'s embedding has '
-                        f'{cfg.vocab_size} rows: use the tokenizer saved with the checkpoint')
-    return cfg
-  return model_config_from_dict(
-      config.model, vocab_size=tgt_vocab_size, max_len=config.data.max_len,
-      source_vocab_size=None if config.tokenizer.joint else src_vocab_size,
-      share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
 
 
 def abstract_task(config, num_devices: int | None = None):
@@ -297,8 +212,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   validate(config)
   state = None  # the trainer's own: a checkpoint's, or fresh (fine-tuning: `start_state`)
   if data_task(config) == SPAN_CORRUPTION:
-    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(
-        config, workdir, load_tokenizers, build)
+    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(config, workdir)
   else:
     train_pairs = load_split(config, config.data.train_prefix)
     if config.data.max_train_examples:
@@ -306,7 +220,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     valid_pairs = load_split(config, config.data.valid_prefix)
     pretrained = None
     if init_source(config)[0]:  # everything read and checked before the first write
-      config, pretrained = init_config(config, workdir, model_config, restore_for_inference)
+      config, pretrained = init_config(config, workdir)
       write_init_tokenizer(workdir, pretrained)
     task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
     train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
@@ -315,7 +229,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
                  train_data.num_batches_per_epoch, valid_data.num_examples)
     if pretrained is not None:
-      state = start_state(trainer, train_data, pretrained, restore_for_inference)
+      state = start_state(trainer, train_data, pretrained)
   results = trainer.fit(train_data, lambda: iter(valid_data), state=state)
   if results.get('interrupted'):
     trainer.close()
