@@ -48,6 +48,7 @@ from transformer_jax.cli.workdir import prepare_workdir
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.workflows import bert
+from transformer_jax.workflows import bert_sections
 from transformer_jax.workflows import bert_use
 from transformer_jax.workflows import token_classification
 
@@ -88,10 +89,10 @@ def _write(lines: list[str]) -> None:
 
 
 def predict(workdir: str) -> None:
-  config, task, params, tokenizer = bert_use.restore_classifier(workdir)
-  names = bert.label_names(config, task.num_labels)
+  saved, task, params, tokenizer = bert_use.restore_classifier(workdir)
+  names = saved.data.class_names()
   lines = _read_lines()
-  texts = bert_use.parse_lines(lines, bert.is_pair_task(config))
+  texts = bert_use.parse_lines(lines, bert.is_pair_task(saved))
   probs = bert_use.classify(task, params, tokenizer, texts, batch_size=_BATCH.value)
   out = []
   for p in probs:
@@ -130,22 +131,35 @@ def fill_mask(workdir: str) -> None:
   _write(out)
 
 
+def _evaluation_file() -> str:
+  """--mode=evaluate's labelled TSV: a fine-tuning --config's data.test, else --input."""
+  config = _CONFIG.value
+  if config is not None and bert_sections.mode_of(config) != 'pretrain':
+    test = bert_sections.FineTuning.of(config).data.test
+    if test:
+      return test
+  return '' if _INPUT.value == '-' else _INPUT.value
+
+
 def train(config, workdir: str, mode: str) -> dict:
   """Pretraining or sentence-classification fine-tuning (workflows/bert.py), or for a tagging
   config (data.task='token_classification') fine-tuning one label per word
   (workflows/token_classification.py, which builds on workflows/bert.py: the choice is made
   here, above both)."""
-  if (bert.train_mode(config, mode) == 'finetune' and
-      config.data.get('task', '') == token_classification.TASK):
-    return token_classification.finetune(config, workdir)
-  return bert.run(config, workdir, mode)
+  if bert.train_mode(config, mode) == 'pretrain':
+    return bert.pretrain(config, workdir)
+  run = bert_sections.FineTuning.of(config)  # read once; data.task picks the workflow
+  if run.tagging:
+    return token_classification.finetune(run, workdir)
+  return bert.finetune(run, workdir)
 
 
 def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {argv[1:]}; options are --flag=value')
   logging.info('allocator: %s', process.allocator_description())
-  mode = _MODE.value or (_CONFIG.value.get('mode', '') if _CONFIG.value is not None else '')
+  mode = _MODE.value or (bert_sections.mode_of(_CONFIG.value) or ''
+                         if _CONFIG.value is not None else '')
   if _BATCH.value < 1:
     raise ConfigError(f'--batch_size must be at least 1, got {_BATCH.value}')
   if mode == 'fill_mask' and _HF_DIR.value:
@@ -162,10 +176,7 @@ def main(argv):
     elif mode == 'fill_mask':
       fill_mask(workdir)
     else:
-      test = _CONFIG.value.data.get('test', '') if _CONFIG.value is not None else ''
-      if not test and _INPUT.value != '-':
-        test = _INPUT.value
-      results = bert_use.evaluate_file(workdir, test, batch_size=_BATCH.value)
+      results = bert_use.evaluate_file(workdir, _evaluation_file(), batch_size=_BATCH.value)
       print(json.dumps(results), flush=True)
     return
   if _CONFIG.value is None:

@@ -9,7 +9,8 @@ instead. `Section.of(node, 'train')` builds one record from one section of that 
   - every key must be a field (else one line naming the nearest keys, as a command-line
     override with a typo gets);
   - a field without a default must be present;
-  - each value is converted to its field's type (int, float, bool, str or a tuple of those),
+  - each value is converted to its field's type (int, float, bool, str, a union such as
+    `int | str` or a tuple of those),
     with one line naming the key if it cannot be;
   - the record's `check()` refuses values out of range, naming `section.key`.
 A section the config lacks is its defaults (a config of another experiment may have none).
@@ -20,6 +21,7 @@ kind of experiment adds its own (data, tokenizer, eval, ...) next to its workflo
 
 import dataclasses
 import difflib
+import types
 import typing
 
 from transformer_jax.errors import ConfigError
@@ -34,6 +36,15 @@ def _items(node) -> dict:
 
 def _convert(value, kind, where: str):
   """`value` as the field type `kind`; ConfigError naming `where` if it isn't one."""
+  if typing.get_origin(kind) in (typing.Union, types.UnionType):
+    # `int | str` (a TSV column by position or name): the first of the types the value is.
+    for option in typing.get_args(kind):
+      try:
+        return _convert(value, option, where)
+      except ConfigError:
+        pass
+    names = ' or '.join(option.__name__ for option in typing.get_args(kind))
+    raise ConfigError(f'{where} must be {names}, got {value!r}')
   if typing.get_origin(kind) is tuple:
     item = typing.get_args(kind)[0]
     if isinstance(value, (str, bytes)) or not hasattr(value, '__iter__'):
@@ -190,3 +201,12 @@ class RunSections:
 def section_of(config, name: str, record: type[Section]):
   """`record` read from config.<name> (its defaults when the config has no such section)."""
   return record.of(config.get(name, None), name)
+
+
+def value_of(node, key: str, kind, default, where: str = ''):
+  """node[key] as the type `kind` (one line naming `where`, else `key`, if it isn't one), or
+  `default` when absent: a value outside any record, such as config.mode or data.task, whose
+  record is chosen by it."""
+  if key not in node:
+    return default
+  return _convert(node[key], kind, where or key)

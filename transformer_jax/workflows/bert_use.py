@@ -19,7 +19,10 @@ from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.errors import ConfigError
-from transformer_jax.workflows import bert
+from transformer_jax.workflows import bert, bert_sections
+from transformer_jax.workflows.bert_finetuning import classification_data, classification_task
+
+PREDICTIONS_FILE = 'predictions.tsv'  # --mode=evaluate: WORKDIR/predictions.tsv
 
 
 def _saved_config_of(workdir: str, expected: str, use: str):
@@ -29,7 +32,7 @@ def _saved_config_of(workdir: str, expected: str, use: str):
     raise ConfigError(f'{workdir} has no config.json: {use} needs a workdir that '
                       f"'experiments.bert --mode={expected}' trained")
   config = load_saved_config(workdir)
-  mode = config.get('mode', None)
+  mode = bert_sections.mode_of(config)
   if mode != expected:
     what = f'a BERT {mode} workdir' if mode in bert.MODES else 'not a BERT workdir'
     raise ConfigError(f'{workdir} is {what} (config.mode={mode!r}); {use} needs one that '
@@ -42,17 +45,18 @@ def _saved_config_of(workdir: str, expected: str, use: str):
 
 
 def restore_classifier(workdir: str):
-  """(saved config, task, params, tokenizer) of a fine-tuned workdir's latest checkpoint."""
-  from transformer_jax.tasks.bert import BertClassificationTask
+  """(saved config read as bert_sections.FineTuning, task, params, tokenizer) of a fine-tuned
+  sentence-classification workdir's latest checkpoint."""
   from transformer_jax.training.trainer import Trainer
-  config = _saved_config_of(workdir, 'finetune', 'predict/evaluate')
-  tokenizer = bert.finetune_tokenizer(config, workdir)
-  cfg, type_vocab_size = bert.init_model_config(config)
-  task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
-  trainer = Trainer(config, task, workdir)
+  saved = bert_sections.FineTuning.of(_saved_config_of(workdir, 'finetune', 'predict/evaluate'))
+  classification_data(saved)  # a tagging workdir is refused before its tokenizer is read
+  tokenizer = bert.finetune_tokenizer(saved, workdir)
+  cfg, type_vocab_size = bert.init_model_config(saved)
+  task = classification_task(saved, cfg, type_vocab_size)
+  trainer = Trainer(saved.config, task, workdir)
   params = jax.device_get(trainer.restore_params())
   trainer.close()
-  return config, task, params, tokenizer
+  return saved, task, params, tokenizer
 
 
 def _padded(rows, chosen, buckets, batch_size):
@@ -122,11 +126,10 @@ def evaluate_file(workdir: str, test_path: str, *, batch_size: int = 32) -> dict
   from transformer_jax.files import write_atomically
   if not test_path:
     raise ConfigError('--mode=evaluate needs a labelled TSV: --config.data.test=FILE')
-  config, task, params, tokenizer = restore_classifier(workdir)
-  names = bert.label_names(config, task.num_labels)
-  texts, labels = read_tsv(test_path, bert.text_columns(config),
-                           config.data.get('label_column', ''),
-                           tuple(config.data.get('label_names', ()) or ()))
+  saved, task, params, tokenizer = restore_classifier(workdir)
+  data = saved.data
+  names = data.class_names()
+  texts, labels = read_tsv(test_path, data.text_columns, data.label_column, data.label_names)
   labels = np.asarray(labels)
   bad = sorted({int(y) for y in labels if not 0 <= y < task.num_labels})
   if bad:
@@ -141,7 +144,7 @@ def evaluate_file(workdir: str, test_path: str, *, batch_size: int = 32) -> dict
       f'{i}\t{names[y]}\t{names[p]}\t{probs[i, p]:.6f}'
       for i, (y, p) in enumerate(zip(labels, predictions))
   ]
-  write_atomically(os.path.join(workdir, bert.PREDICTIONS_FILE), '\n'.join(lines) + '\n')
+  write_atomically(os.path.join(workdir, PREDICTIONS_FILE), '\n'.join(lines) + '\n')
   return results
 
 

@@ -1,13 +1,15 @@
 """Token classification (CoNLL-style tagging) fine-tuned from a pretrained BERT.
 
-The starting model is the one `workflows/bert.py` fine-tunes from (init.hf_dir: a Hugging Face
-BERT directory; init.bert_workdir: a pretraining workdir of ours), loaded with its functions;
+The starting model is the one sentence classification fine-tunes from (init.hf_dir: a Hugging
+Face BERT directory; init.bert_workdir: a pretraining workdir of ours), loaded by
+workflows/bert_init.py;
 only the head differs: `Bert`'s per-token classifier on the final hidden states, one label per
 word on its first sub-word (data/conll.py). The tag set is the training file's tags, saved as
 WORKDIR/labels.txt (one per line, line i = label id i) beside the tokenizer and config.
 
 Config (experiments/configs/conll_tagging.py): data.task='token_classification',
-data.train / data.dev (CoNLL files), data.max_len, data.batch_size, init.*, model.* overrides.
+data.train / data.dev (CoNLL files), data.max_len, data.batch_size, init.*, model.* overrides;
+read once as a bert_sections.FineTuning whose data is a TaggingData.
 """
 
 import os
@@ -19,22 +21,26 @@ from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
-from transformer_jax.workflows import bert
+from transformer_jax.workflows import bert_init
+from transformer_jax.workflows.bert_sections import TAGGING_TASK, FineTuning, TaggingData
 
-TASK = 'token_classification'  # config.data.task
 LABELS_FILE = 'labels.txt'
 
 
-def validate(config):
-  """The checks that need no data or model, before anything is read or written."""
-  bert.refuse_packed_finetuning(config)  # one example per row, as in sentence classification
-  validation.require_keys(config, 'data', ('train', 'dev', 'max_len', 'batch_size'))
-  validation.require_keys(config, 'init', ('hf_dir', 'bert_workdir'))
-  for split in ('train', 'dev'):
-    if not config.data[split]:
+def validate(config) -> FineTuning:
+  """The checks that need no data or model, before anything is read or written; the config
+  read (data.pack=True is refused on reading: one example per row, as in sentence
+  classification)."""
+  run = FineTuning.of(config)
+  if not isinstance(run.data, TaggingData):
+    raise ConfigError(f'data.task must be {TAGGING_TASK!r} for token classification, got '
+                      f'{run.data.task!r}')
+  for split, path in (('train', run.data.train), ('dev', run.data.dev)):
+    if not path:
       raise ConfigError(f'data.{split} is empty: pass --config.data.{split}=FILE (CoNLL-style: '
                         'word and tag per line, blank line between sentences)')
-  validation.check_training(config, int(config.data.batch_size))
+  validation.check_training(run.config, run.data.batch_size)
+  return run
 
 
 def load_labels(workdir: str) -> list[str] | None:
@@ -53,8 +59,8 @@ def finetune(config, workdir: str) -> dict:
   from transformer_jax.data.wordpiece import WordPieceTokenizer
   from transformer_jax.tasks.token_classification import TokenClassificationTask
   from transformer_jax.training.trainer import Trainer
-  validate(config)
-  data = config.data
+  run = validate(config)
+  data = run.data
   train_sentences, dev_sentences = conll.read_conll(data.train), conll.read_conll(data.dev)
   label_names = conll.tag_vocabulary(train_sentences)
   saved = load_labels(workdir)
@@ -62,13 +68,13 @@ def finetune(config, workdir: str) -> dict:
     raise ConfigError(f'{workdir} was trained with the tags {saved}, but {data.train} has '
                       f'{label_names}: use a new --workdir')
   conll.check_tags(data.dev, dev_sentences, label_names)
-  cfg, pretrained, tokenizer, type_vocab_size = bert.load_init(config)
+  cfg, pretrained, tokenizer, type_vocab_size = bert_init.load_init(run)
   if not isinstance(tokenizer, WordPieceTokenizer):
     # Words are tokenised one by one; byte-level BPE marks a word's leading space in its first
     # piece, which that would lose.
     raise ConfigError('token classification needs a WordPiece (BERT) model; the init model has '
                       f'a {type(tokenizer).__name__}')
-  max_len = int(data.max_len)
+  max_len = data.max_len
   if max_len > cfg.max_len:
     raise ConfigError(f'data.max_len={max_len} exceeds the model position table ({cfg.max_len})')
   train = conll.encode_sentences(tokenizer, train_sentences, label_names, max_len)
@@ -78,23 +84,23 @@ def finetune(config, workdir: str) -> dict:
       logging.warning('%s: %d of %d sentences cut to data.max_len=%d sub-words (%d words lost)',
                       name, encoded.truncated, len(encoded.rows), max_len, encoded.words_dropped)
   index, count = jax.process_index(), jax.process_count()
-  batch = int(data.batch_size)
-  train_data = conll.TaggingBatches(train, batch_size=batch, max_len=max_len, seed=int(config.seed),
+  batch = data.batch_size
+  train_data = conll.TaggingBatches(train, batch_size=batch, max_len=max_len, seed=run.seed,
                                     process_index=index, process_count=count)
   dev_batches = conll.eval_batches(dev, batch_size=batch, max_len=max_len, process_index=index,
                                    process_count=count)
   task = TokenClassificationTask(cfg, label_names, type_vocab_size=type_vocab_size,
                                  eval_batches=dev_batches)
   os.makedirs(workdir, exist_ok=True)
-  bert.save_tokenizer(tokenizer, workdir)
+  bert_init.save_tokenizer(tokenizer, workdir)
   write_atomically(os.path.join(workdir, LABELS_FILE), '\n'.join(label_names) + '\n')
-  save_config(config, workdir)
-  trainer = Trainer(config, task, workdir)
+  save_config(run.config, workdir)
+  trainer = Trainer(run.config, task, workdir)
   logging.info('tagging: %d train sentences (%d batches per epoch), %d dev sentences; tags %s',
                len(train.rows), train_data.batches_per_epoch, len(dev.rows), label_names)
   state = trainer.init_or_restore(train_data)
   if int(jax.device_get(state.step)) == 0:
-    state = bert.overlay_params(state, pretrained)
+    state = bert_init.overlay_params(state, pretrained)
   results = trainer.fit(train_data, lambda: iter(dev_batches), state=state)
   results['dev_accuracy'] = results.get('eval_accuracy', float('nan'))
   for name in label_names:

@@ -1,0 +1,150 @@
+"""The pretrained model BERT-family fine-tuning starts from (config.init): a Hugging Face
+encoder directory (init.hf_dir: a family of convert/families.py whose tokenizer is read here)
+or a pretraining workdir of ours (init.bert_workdir), with config.model's overrides of its
+config; and the tokenizer a fine-tuning workdir keeps of it.
+
+Sentence classification (workflows/bert_finetuning.py) and token classification
+(workflows/token_classification.py) both start here. Functions taking `config` take the
+ml_collections config or its bert_sections.FineTuning.
+"""
+
+import json
+import os
+
+import flax
+import jax
+import numpy as np
+from absl import logging
+
+from transformer_jax.cli.workdir import load_saved_config
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import with_overrides
+from transformer_jax.workflows.bert_pretraining import (TOKENIZER_DIR, VOCAB_FILE,
+                                                        pretrain_model_config, restore_pretrained)
+from transformer_jax.workflows.bert_sections import FineTuning, Pretraining
+
+
+def overlay_params(state, pretrained: dict):
+  """`state` with its params replaced by `pretrained` wherever that names one (each leaf put
+  on the device(s) of the leaf it replaces). Heads the model lacks are dropped; any other
+  unknown or mis-shaped parameter is a ConfigError naming it."""
+  target = flax.traverse_util.flatten_dict(state.params)
+  heads = ('mlm_transform', 'mlm_norm', 'mlm_bias', 'sentence_head', 'classifier',
+           'token_classifier')
+  replaced = 0
+  for path, value in flax.traverse_util.flatten_dict(pretrained).items():
+    name = '/'.join(path)
+    if path not in target:
+      if path[0] in heads:
+        continue
+      raise ConfigError(f'pretrained parameter {name} has no place in the model')
+    if tuple(np.shape(value)) != tuple(target[path].shape):
+      raise ConfigError(f'pretrained parameter {name} has shape {tuple(np.shape(value))} but the '
+                        f'model has {tuple(target[path].shape)}')
+    target[path] = jax.device_put(np.asarray(value, target[path].dtype), target[path].sharding)
+    replaced += 1
+  logging.info('initialised %d of %d parameter arrays from the pretrained model', replaced,
+               len(target))
+  return state.replace(params=flax.traverse_util.unflatten_dict(target))
+
+
+def hf_family(hf_dir: str):
+  """The encoder family (convert/families.py) of init.hf_dir if fine-tuning can start from it,
+  else one ConfigError line naming it. Reads config.json only."""
+  from transformer_jax.convert import families
+  from transformer_jax.errors import DataError
+  tunable = [f.name for f in families.FAMILIES if f.kind == families.ENCODER and f.tokenizer]
+  try:
+    family = families.of_directory(hf_dir)
+  except DataError as e:
+    raise ConfigError(f'init.hf_dir: {e}') from None
+  except ConfigError:
+    family = None
+  if family is None or family.kind != families.ENCODER:
+    model_type = families.model_type(hf_dir)
+    raise ConfigError(f'init.hf_dir={hf_dir} has model_type={model_type!r}; fine-tuning starts '
+                      f'from {", ".join(tunable)} checkpoints')
+  if not family.tokenizer:
+    name = family.name.upper()
+    raise ConfigError(f'init.hf_dir={hf_dir} is an {name} checkpoint (model_type='
+                      f'{families.model_type(hf_dir)!r}) whose tokenizer is not read here: {name} '
+                      'fine-tuning starts from a pretraining workdir for now (set '
+                      '--config.init.hf_dir= --config.init.bert_workdir=DIR)')
+  return family
+
+
+def init_model_config(config):
+  """(model config, type_vocab_size) of the model fine-tuning starts from, weights unread."""
+  run = FineTuning.of(config)
+  init = run.init
+  if init.hf_dir:
+    from_hf = hf_family(init.hf_dir).converter.config_from_hf
+    with open(os.path.join(init.hf_dir, 'config.json'), encoding='utf-8') as f:
+      cfg, types = from_hf(json.load(f))
+    return with_overrides(cfg, run.model), types
+  if init.bert_workdir:
+    saved = Pretraining.of(load_saved_config(init.bert_workdir))
+    if saved.tokenizer.type == 'byte_bpe':
+      from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+      tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
+      if not os.path.isfile(os.path.join(tokenizer_dir, 'tokenizer.json')):
+        raise ConfigError(f'no {TOKENIZER_DIR}/tokenizer.json in {init.bert_workdir}: pretrain '
+                          'first')
+      vocab_size = RobertaTokenizer.from_dir(tokenizer_dir).vocab_size
+    else:
+      vocab_path = os.path.join(init.bert_workdir, VOCAB_FILE)
+      if not os.path.isfile(vocab_path):
+        raise ConfigError(f'no {VOCAB_FILE} in {init.bert_workdir}: pretrain first')
+      with open(vocab_path, encoding='utf-8') as f:
+        vocab_size = sum(1 for _ in f)
+    cfg = pretrain_model_config(saved, vocab_size)
+    return with_overrides(cfg, run.model), saved.data.type_vocab_size
+  raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR or '
+                    '--config.init.bert_workdir=DIR')
+
+
+def load_init(config):
+  """(model config, pretrained params, tokenizer, type_vocab_size) from init.*."""
+  run = FineTuning.of(config)
+  init = run.init
+  if init.hf_dir:
+    model = hf_family(init.hf_dir).load(init.hf_dir)
+    return (with_overrides(model.config, run.model), model.params, model.tokenizer,
+            model.heads['type_vocab_size'])
+  if init.bert_workdir:
+    cfg, params, tokenizer = restore_pretrained(init.bert_workdir)
+    types = Pretraining.of(load_saved_config(init.bert_workdir)).data.type_vocab_size
+    return with_overrides(cfg, run.model), params, tokenizer, types
+  raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR (a '
+                    'Hugging Face BERT or RoBERTa directory) or --config.init.bert_workdir=DIR (a '
+                    'pretraining workdir)')
+
+
+def save_tokenizer(tokenizer, workdir: str) -> None:
+  """The fine-tuning workdir's copy of its tokenizer: WORKDIR/vocab.txt (WordPiece) or
+  WORKDIR/tokenizer/ (RoBERTa's byte-level BPE, HF files)."""
+  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+  if isinstance(tokenizer, RobertaTokenizer):
+    tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
+  else:
+    tokenizer.save(os.path.join(workdir, VOCAB_FILE))
+
+
+def finetune_tokenizer(config, workdir: str):
+  """The tokenizer a fine-tuning run saved in its workdir (`save_tokenizer`):
+  WORKDIR/tokenizer/ (RoBERTa) or WORKDIR/vocab.txt, lowercased as its starting model's."""
+  directory = os.path.join(workdir, TOKENIZER_DIR)
+  if os.path.isdir(directory):
+    from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+    return RobertaTokenizer.from_dir(directory)
+  from transformer_jax.data.wordpiece import WordPieceTokenizer
+  path = os.path.join(workdir, VOCAB_FILE)
+  if not os.path.isfile(path):
+    raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
+  init = FineTuning.of(config).init
+  if init.hf_dir:
+    from transformer_jax.convert.hf_bert import tokenizer_lowercase
+    lowercase = tokenizer_lowercase(init.hf_dir)  # as hf_bert.load reads it
+  else:
+    lowercase = Pretraining.of(load_saved_config(init.bert_workdir)).tokenizer.lowercase
+  return WordPieceTokenizer.from_vocab(path, lowercase=lowercase)

@@ -1,0 +1,240 @@
+"""Typed config sections of the BERT-family experiments (experiments/bert.py and the workflows
+bert*.py and token_classification.py), read once from the ml_collections config.
+
+    run = bert_sections.Pretraining.of(config)    # data, tokenizer, model; checked once
+    run.data.max_len, run.tokenizer.type          # an int and a str; no int(config...) later
+
+The data section's keys depend on what is trained, so there is one data record per kind:
+  PretrainData        mode 'pretrain' (experiments/configs/bert_common.py `pretrain_config`);
+  ClassificationData  mode 'finetune': sentences or sentence pairs (`finetune_config`; a pair
+                      is two data.text_columns or a GLUE pair task, not other keys);
+  TaggingData         mode 'finetune' with data.task='token_classification' (conll_tagging.py).
+One record per kind rather than one with every key of the experiment: the kinds share only
+source, max_len, batch_size and pack, so a union record would take data.paths in a fine-tuning
+config or data.num_labels in a pretraining one without a word, and its nearest-key hints would
+name keys the run never reads. Per kind, a key of another kind is refused with the keys of the
+kind being run.
+
+Around the data record: `Pretraining` (data, tokenizer) and `FineTuning` (data, init), each an
+`Experiment` that also holds config.model, the seed and the config it was read from (`.config`,
+for what takes the whole config: the Trainer and the workdir's config.json). Required fields are
+the keys every config of the kind has; the others default to what configs written before them
+meant (data.pack False, data.type_vocab_size 2, tokenizer.type 'wordpiece', ...), so a workdir's
+saved config reads as it was written. The BERT configs have no eval section. The workflows'
+functions take the ml_collections config or its record (`Pretraining.of(record)` is the record),
+so a run reads its config once at its entry and passes the record down.
+"""
+
+import dataclasses
+import typing
+
+from transformer_jax.errors import ConfigError
+from transformer_jax.sections import Section, value_of
+
+TOKENIZER_TYPES = ('wordpiece', 'byte_bpe')
+TRAIN_MODES = ('pretrain', 'finetune')
+MODES = TRAIN_MODES + ('predict', 'evaluate', 'fill_mask')
+TAGGING_TASK = 'token_classification'  # data.task of a tagging config
+DATA_TASKS = ('', TAGGING_TASK)  # '' (or no data.task) = sentence (pair) classification
+
+
+def mode_of(config) -> str | None:
+  """config.mode ('pretrain', 'finetune', ...), or None when the config has none (not a BERT
+  experiment's: a language model's or a translation's)."""
+  return value_of(config, 'mode', str, None)
+
+
+def _refuse_packed_finetuning(pack: bool):
+  if pack:
+    raise ConfigError('data.pack=True is for pretraining only: fine-tuning is not packed (the '
+                      'classifier reads one [CLS] per row, one example per row); set '
+                      'data.pack=False')
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer(Section):
+  """`tokenizer.*` of pretraining: WordPiece (vocab_file, or trained into WORKDIR/vocab.txt) or
+  RoBERTa's byte-level BPE (trained into WORKDIR/tokenizer/)."""
+  vocab_size: int
+  type: str = 'wordpiece'
+  vocab_file: str = ''  # wordpiece: a BERT vocab.txt; '' = train on the corpus
+  lowercase: bool = True  # wordpiece only
+
+  def check(self):
+    if self.type not in TOKENIZER_TYPES:
+      raise ConfigError(f'tokenizer.type must be one of {TOKENIZER_TYPES}, got {self.type!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows(Section):
+  """The data keys of every kind: where the examples come from (each kind has its sources)
+  and the rows of a global batch."""
+  source: str
+  max_len: int  # tokens per row, [CLS] and [SEP]s included
+  batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainData(Rows):
+  """`data.*` of pretraining: local text files (source 'files') or a TFDS corpus ('tfds'), cut
+  into MLM (+ NSP/SOP) rows (data/bert_pretrain.py)."""
+  max_predictions: int
+  mask_rate: float
+  sentence_task: str  # data/bert_pretrain.SENTENCE_TASKS
+  eval_batches: int
+  paths: str = ''  # 'files': comma-separated
+  lines_per_document: int = 0
+  valid_fraction: float = 0.02
+  tfds_name: str = ''
+  tfds_feature: str = 'text'
+  tfds_data_dir: str = ''
+  train_split: str = 'train'
+  valid_split: str = 'validation'
+  max_train_examples: int = 0
+  max_valid_examples: int = 0
+  type_vocab_size: int = 2  # segment ids of the model (RoBERTa's 1)
+  short_seq_prob: float = 0.1
+  pack: bool = False
+
+  def check(self):
+    from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
+    if self.source not in ('files', 'tfds'):
+      raise ConfigError(f"data.source must be 'files' or 'tfds', got {self.source!r}")
+    task = self.sentence_task
+    if task not in SENTENCE_TASKS:
+      raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task!r}')
+    if self.pack and task in PAIR_TASKS:
+      raise ConfigError(f'data.pack=True cannot pack data.sentence_task={task!r}: its sentence '
+                        "head reads one [CLS] per row; use sentence_task 'none' or "
+                        "'full_sentences', or data.pack=False")
+    if self.type_vocab_size < 1:
+      raise ConfigError(f'data.type_vocab_size must be at least 1, got {self.type_vocab_size}')
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationData(Rows):
+  """`data.*` of sentence (pair) classification: GLUE-style TSVs (source 'tsv') or a TFDS GLUE
+  task ('tfds'; data/classification.py)."""
+  num_labels: int
+  dir: str = ''  # 'tsv': DIR/train_file and DIR/dev_file
+  tfds_name: str = 'glue/sst2'
+  tfds_data_dir: str = ''
+  max_train_examples: int = 0  # 0 = all
+  pack: bool = False  # refused: one [CLS] per row
+  # () = the one column named sentence/content/text; two = a sentence pair. Header names or
+  # 0-based positions.
+  text_columns: tuple[int | str, ...] = ()
+  label_column: str = ''  # '' = the column named 'label'
+  label_names: tuple[str, ...] = ()  # index = label id; () = '0', '1', ...
+  train_file: str = 'train.tsv'
+  dev_file: str = 'dev.tsv'
+  test: str = ''  # --mode=evaluate: a labelled TSV
+  task: str = ''  # DATA_TASKS: '' here
+
+  def check(self):
+    _refuse_packed_finetuning(self.pack)
+    if self.source not in ('tsv', 'tfds'):
+      raise ConfigError(f"data.source must be 'tsv' or 'tfds', got {self.source!r}")
+    if len(self.text_columns) > 2:
+      raise ConfigError(f'data.text_columns={self.text_columns}: one or two columns (a sentence '
+                        f'pair), not {len(self.text_columns)}')
+
+  def class_names(self) -> tuple[str, ...]:
+    """data.label_names, else '0', '1', ...: one name per class (data.num_labels), else one
+    ConfigError line. Checked where classes are named (a run's validation, predict, evaluate),
+    not on reading: loading a split's labels needs no names."""
+    if self.label_names and len(self.label_names) != self.num_labels:
+      raise ConfigError(f'data.label_names has {len(self.label_names)} names but '
+                        f'data.num_labels={self.num_labels}')
+    return self.label_names or tuple(str(i) for i in range(self.num_labels))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggingData(Rows):
+  """`data.*` of token classification: CoNLL-style files (source 'conll'; data/conll.py)."""
+  task: str  # TAGGING_TASK
+  train: str
+  dev: str
+  pack: bool = False  # refused: one sentence per row
+  test: str = ''
+
+  def check(self):
+    _refuse_packed_finetuning(self.pack)
+
+
+@dataclasses.dataclass(frozen=True)
+class Init(Section):
+  """`init.*`: the pretrained model fine-tuning starts from (one of the two is set)."""
+  hf_dir: str  # a Hugging Face encoder directory (convert/families.py)
+  bert_workdir: str  # or a pretraining workdir of ours
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """What a BERT config of any kind holds beside its own sections: config.model (the model to
+  build, or overrides of the pretrained one's config; model_config.py names unknown keys), the
+  seed, and the config itself (for the Trainer and the workdir's config.json)."""
+  model: dict
+  seed: int
+  config: typing.Any = dataclasses.field(repr=False, compare=False)
+
+  @classmethod
+  def of(cls, config):
+    """`config` (an ml_collections config, or a record of this kind: returned as it is) read."""
+    if isinstance(config, cls):
+      return config
+    model = dict(config['model']) if 'model' in config else {}
+    return cls(model=model, seed=value_of(config, 'seed', int, 0), config=config,
+               **cls.sections(config))
+
+  @classmethod
+  def sections(cls, config) -> dict:
+    """This kind's records read from `config`, by field name."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining(Experiment):
+  """A pretraining config: data and tokenizer; config.model is the model to build."""
+  data: PretrainData
+  tokenizer: Tokenizer
+
+  @classmethod
+  def sections(cls, config) -> dict:
+    data = PretrainData.of(_section(config, 'data'), 'data')
+    tokenizer = Tokenizer.of(_section(config, 'tokenizer'), 'tokenizer')
+    # WordPiece pairs give segment B the id 1; RoBERTa's tokenizer gives every token segment 0.
+    from transformer_jax.data.bert_pretrain import PAIR_TASKS
+    task, types = data.sentence_task, data.type_vocab_size
+    if task in PAIR_TASKS and types < 2 and tokenizer.type == 'wordpiece':
+      raise ConfigError(f"data.sentence_task={task!r} with WordPiece gives sentence B segment "
+                        f'id 1: data.type_vocab_size must be 2, got {types}')
+    return {'data': data, 'tokenizer': tokenizer}
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuning(Experiment):
+  """A fine-tuning config: its data (ClassificationData or TaggingData, per data.task) and the
+  starting model (init); config.model holds overrides of that model's config."""
+  data: ClassificationData | TaggingData
+  init: Init
+
+  @classmethod
+  def sections(cls, config) -> dict:
+    node = _section(config, 'data')
+    task = value_of(node, 'task', str, '', 'data.task')
+    if task not in DATA_TASKS:
+      raise ConfigError(f'data.task must be one of {DATA_TASKS} (\'\' = sentence '
+                        f'classification), got {task!r}')
+    record = TaggingData if task == TAGGING_TASK else ClassificationData
+    return {'data': record.of(node, 'data'), 'init': Init.of(_section(config, 'init'), 'init')}
+
+  @property
+  def tagging(self) -> bool:
+    return isinstance(self.data, TaggingData)
+
+
+def _section(config, name: str):
+  if name not in config:
+    raise ConfigError(f'config has no section {name!r}')
+  return config[name]
