@@ -89,6 +89,21 @@ def decode_compiler_options() -> dict[str, str] | None:
   return xla_options.compiler_options(xla_cpu_experimental_ynn_fusion_type='') or None
 
 
+def decode_step(tokens_to_logits: TokensToLogits, select_fn: SelectFn, cache: PyTree,
+                tokens: jnp.ndarray, finished: jnp.ndarray, step: int | jnp.ndarray, *,
+                eos_id: int) -> tuple[jnp.ndarray, jnp.ndarray, PyTree]:
+  """One step of the decoding loop: feeds `tokens` int32[B, 1] and picks the next token per row.
+
+  Returns (next_tokens int32[B], finished bool[B], new cache). A row already `finished` gets PAD;
+  a row whose next token is `eos_id` is finished from now on. `_decode_loop` runs this inside
+  its while_loop; a streaming decoder runs it once per jitted call, so both pick the same tokens.
+  """
+  logits, cache = tokens_to_logits(tokens, cache)
+  next_tokens = select_fn(logits, step).astype(jnp.int32)
+  next_tokens = jnp.where(finished, PAD_ID, next_tokens)
+  return next_tokens, finished | (next_tokens == eos_id), cache
+
+
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: SelectFn, *,
                  batch_size: int, max_len: int, start_id: int | jnp.ndarray,
                  eos_id: int) -> jnp.ndarray:
@@ -109,11 +124,9 @@ def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: Sel
   def body_fn(state):
     step, sequences, finished, cache = state
     tokens = lax.dynamic_slice_in_dim(sequences, step, 1, axis=1)
-    logits, cache = tokens_to_logits(tokens, cache)
-    next_tokens = select_fn(logits, step).astype(jnp.int32)
-    next_tokens = jnp.where(finished, PAD_ID, next_tokens)
+    next_tokens, finished, cache = decode_step(tokens_to_logits, select_fn, cache, tokens, finished,
+                                               step, eos_id=eos_id)
     sequences = lax.dynamic_update_slice_in_dim(sequences, next_tokens[:, None], step + 1, axis=1)
-    finished = finished | (next_tokens == eos_id)
     return step + 1, sequences, finished, cache
 
   state = (jnp.array(0, jnp.int32), sequences, finished, cache)
@@ -309,6 +322,15 @@ def sample(tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array, *,
   the loop's early stopping. `temperature`, `top_k` and `top_p` may be traced values.
   """
   first_tokens = jnp.asarray(first_tokens, jnp.int32)
+  return _decode_loop(tokens_to_logits, cache, sampling_select_fn(rng, temperature, top_k, top_p),
+                      batch_size=first_tokens.shape[0], max_len=max_len, start_id=first_tokens,
+                      eos_id=loop_eos_id(eos_id))
+
+
+def sampling_select_fn(rng: jax.Array, temperature: float | jnp.ndarray = 1.0,
+                       top_k: int | jnp.ndarray = 0, top_p: float | jnp.ndarray = 1.0) -> SelectFn:
+  """The rule `sample` picks each token by, as a `SelectFn` (the draw at step s uses
+  fold_in(rng, s)); for a decoder that runs `decode_step` itself."""
 
   def select_fn(logits, step):
     logits = logits.astype(jnp.float32)
@@ -320,7 +342,10 @@ def sample(tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array, *,
                                    filter_logits(scaled, top_k, top_p), axis=-1)
     return jnp.where(jnp.asarray(temperature) > 0, drawn, greedy)
 
-  # -1 is no token id, so without an EOS no row ever finishes early.
-  return _decode_loop(tokens_to_logits, cache, select_fn, batch_size=first_tokens.shape[0],
-                      max_len=max_len, start_id=first_tokens,
-                      eos_id=-1 if eos_id is None else eos_id)
+  return select_fn
+
+
+def loop_eos_id(eos_id: int | None) -> int:
+  """The id `decode_step` ends a row at: `eos_id`, or -1 (no token id, so without an EOS no row
+  ever finishes early)."""
+  return -1 if eos_id is None else eos_id

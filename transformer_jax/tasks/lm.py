@@ -6,8 +6,9 @@ with a position table (learned or sinusoidal) has seen only positions < max_len,
 cache never holds more than max_len tokens: a longer generation continues in segments that
 re-read the last max_len // 2 tokens into a fresh cache (nanoGPT instead recomputes the
 last max_len tokens for every new one). See `LanguageModelTask.generate`;
-`generate_stream` yields the same tokens one at a time (for printing them as they come), and
-`score_windows` sums the next-token loss of a file's sliding windows (perplexity).
+`generate_stream` yields the same tokens one at a time (for printing them as they come): both
+run the one schedule of `inference.generation.Sampler`. `score_windows` sums the next-token
+loss of a file's sliding windows (perplexity).
 """
 
 import time
@@ -18,11 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax.inference import search
+from transformer_jax.inference import generation
 from transformer_jax.layers import scan_layout
 from transformer_jax.layers.blocks import empty_cache
-from transformer_jax.special_tokens import PAD_ID
-from transformer_jax.errors import ConfigError
 from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
@@ -50,13 +49,9 @@ class LanguageModelTask:
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self.sample_seed = sample_seed
     self.attention_text = attention_text  # read at every evaluation for the attention pictures
-    # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos_id).
-    self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id'),
-                               compiler_options=search.decode_compiler_options())
-    # Streaming: the same segments, one jitted call per token (see `generate_stream`).
-    self._prefill_fn = jax.jit(self._prefill, static_argnames=('cache_len',))
-    self._step_fn = jax.jit(self._decode_step, static_argnames=('eos_id',),
-                            compiler_options=search.decode_compiler_options())
+    # Holds the jitted segment sampler and the streamed prefill and step (compiled once each).
+    self._sampler = generation.Sampler(self._run_decode, self._empty_cache, max_len=cfg.max_len,
+                                       prepare_params=self._decode_params)
     self._score_fn = jax.jit(self._score_windows)
 
   # -- training -------------------------------------------------------------------------------
@@ -101,30 +96,18 @@ class LanguageModelTask:
                                                             flops.attention_width(cfg), causal=True)
 
   # -- generation -----------------------------------------------------------------------------
+  # One schedule for both (inference/generation.py); the model enters through these three.
 
-  def _sample_segment(self, params, context, rng, temperature, top_k, top_p, *, num_new: int,
-                      eos_id: int | None):
-    """`num_new` tokens after `context` [B, L], with a cache of exactly L + num_new - 1 slots
-    (the last sampled token is never fed back)."""
-    batch, length = context.shape
-    cache_len = length + num_new - 1
-    cache = empty_cache(self.decode_model, jnp.zeros((batch, cache_len), jnp.int32))
-    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
+  def _empty_cache(self, batch: int, slots: int):
+    return empty_cache(self.decode_model, jnp.zeros((batch, slots), jnp.int32))
 
-    def run(tokens, cache):
-      logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
-                                                mutable=['cache'])
-      return logits, updated['cache']
+  def _decode_params(self, params):
+    return scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
 
-    if length > 1:  # Prefill: all but the last prompt token in one call.
-      _, cache = run(context[:, :-1], cache)
-
-    def tokens_to_logits(tokens, cache):
-      logits, cache = run(tokens, cache)
-      return logits[:, -1, :], cache
-
-    return search.sample(tokens_to_logits, cache, rng, first_tokens=context[:, -1], max_len=num_new,
-                         temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)
+  def _run_decode(self, params, cache, tokens):
+    logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
+                                              mutable=['cache'])
+    return logits, updated['cache']
 
   def generate(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -140,77 +123,11 @@ class LanguageModelTask:
     is full; generation continues in segments, each re-reading the last max_len // 2 tokens
     into a fresh cache and then sampling until the cache is full again.
     """
-    if max_new_tokens < 1:
-      raise ConfigError(f'max_new_tokens must be positive, got {max_new_tokens}')
-    eos_id = self.eos_id if eos_id is None else eos_id
-    prompt = np.asarray(prompt_tokens, np.int32)
-    if prompt.ndim != 2 or prompt.shape[1] < 1:
-      raise ConfigError(f'prompt tokens must be [batch, length >= 1], got shape {prompt.shape}')
-    max_len = self.cfg.max_len
-    keep = max(1, max_len // 2)
-    knobs = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
-    tokens = prompt[:, -max_len:]
-    produced, segment = [], 0
     # Sampling batches are tiny: replicate them instead of splitting rows over the mesh.
     with nn.logical_axis_rules(()):
-      while sum(p.shape[1] for p in produced) < max_new_tokens:
-        context = tokens if segment == 0 else tokens[:, -keep:]
-        remaining = max_new_tokens - sum(p.shape[1] for p in produced)
-        # Fill the cache (L + n - 1 == max_len); the first segment stops at the budget so a
-        # generation that fits is exactly one segment. Later ones keep one shape (one compile).
-        num_new = max_len + 1 - context.shape[1]
-        if segment == 0:
-          num_new = min(num_new, remaining)
-        new = np.asarray(
-            jax.device_get(
-                self._segment_fn(params, jnp.asarray(context), jax.random.fold_in(rng, segment),
-                                 *knobs, num_new=num_new, eos_id=eos_id)))
-        produced.append(new)
-        tokens = np.concatenate([tokens, new], axis=1)
-        segment += 1
-        if eos_id is not None and np.all(np.any(np.concatenate(produced, 1) == eos_id, 1)):
-          break
-    out = np.concatenate(produced, axis=1)[:, :max_new_tokens]
-    if out.shape[1] < max_new_tokens:
-      out = np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])), constant_values=PAD_ID)
-    if eos_id is not None:  # Segments after a row's EOS continued blindly: blank them.
-      is_eos = out == eos_id
-      after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0  # an EOS strictly before
-      out = np.where(after_eos, PAD_ID, out)
-    return out
-
-  # -- streaming generation -------------------------------------------------------------------
-
-  def _run_decode(self, params, cache, tokens):
-    logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
-                                              mutable=['cache'])
-    return logits, updated['cache']
-
-  def _prefill(self, params, context, *, cache_len: int):
-    """A cache of `cache_len` slots holding all but the last token of `context` [B, L], as
-    `_sample_segment` builds it."""
-    cache = empty_cache(self.decode_model, jnp.zeros((context.shape[0], cache_len), jnp.int32))
-    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
-    if context.shape[1] > 1:
-      _, cache = self._run_decode(params, cache, context[:, :-1])
-    return cache
-
-  def _decode_step(self, params, cache, tokens, finished, rng, step, temperature, top_k, top_p, *,
-                   eos_id: int | None):
-    """One step of `search.sample`'s loop: feed `tokens` [B], pick the next ones with the same
-    rule and key (fold_in(rng, step)); finished rows give PAD. Returns (next, finished, cache)."""
-    params = scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
-    logits, cache = self._run_decode(params, cache, tokens[:, None])
-    logits = logits[:, -1, :].astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1)
-    scaled = logits / jnp.maximum(temperature, 1e-6)
-    drawn = jax.random.categorical(jax.random.fold_in(rng, step),
-                                   search.filter_logits(scaled, top_k, top_p), axis=-1)
-    chosen = jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
-    chosen = jnp.where(finished, PAD_ID, chosen)
-    if eos_id is not None:
-      finished = finished | (chosen == eos_id)
-    return chosen, finished, cache
+      return self._sampler.generate(params, prompt_tokens, max_new_tokens, rng,
+                                    temperature=temperature, top_k=top_k, top_p=top_p,
+                                    eos_id=self.eos_id if eos_id is None else eos_id)
 
   def generate_stream(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -222,48 +139,10 @@ class LanguageModelTask:
     caller can print it. A row is PAD after its EOS; the generator stops once every row has
     ended or after `max_new_tokens`.
     """
-    if max_new_tokens < 1:
-      raise ConfigError(f'max_new_tokens must be positive, got {max_new_tokens}')
-    eos_id = self.eos_id if eos_id is None else eos_id
-    prompt = np.asarray(prompt_tokens, np.int32)
-    if prompt.ndim != 2 or prompt.shape[1] < 1:
-      raise ConfigError(f'prompt tokens must be [batch, length >= 1], got shape {prompt.shape}')
-    max_len = self.cfg.max_len
-    keep = max(1, max_len // 2)
-    knobs = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
-    tokens = prompt[:, -max_len:]
-    ended = np.zeros(prompt.shape[0], bool)  # rows past their EOS, over all segments
-    produced, segment = 0, 0
     with nn.logical_axis_rules(()):
-      while produced < max_new_tokens:
-        context = tokens if segment == 0 else tokens[:, -keep:]
-        num_new = max_len + 1 - context.shape[1]  # the schedule of `generate`
-        if segment == 0:
-          num_new = min(num_new, max_new_tokens)
-        cache = self._prefill_fn(params, jnp.asarray(context),
-                                 cache_len=context.shape[1] + num_new - 1)
-        feed = jnp.asarray(context[:, -1])
-        finished = jnp.zeros(prompt.shape[0], jnp.bool_)  # `search.sample`'s, per segment
-        seg_rng = jax.random.fold_in(rng, segment)
-        new = []
-        for step in range(num_new):
-          if produced == max_new_tokens or bool(np.all(ended)):
-            return
-          feed, finished, cache = self._step_fn(params, cache, feed, finished, seg_rng,
-                                                jnp.int32(step), *knobs, eos_id=eos_id)
-          column = np.asarray(jax.device_get(feed))
-          new.append(column)
-          out = np.where(ended, PAD_ID, column)
-          if eos_id is not None:
-            ended |= column == eos_id
-          produced += 1
-          yield out
-          if bool(jax.device_get(jnp.all(finished))):  # `search.sample` stops here
-            break
-        tokens = np.concatenate([tokens, np.stack(new, 1)], axis=1)
-        segment += 1
-        if eos_id is not None and np.all(ended):
-          return
+      yield from self._sampler.stream(params, prompt_tokens, max_new_tokens, rng,
+                                      temperature=temperature, top_k=top_k, top_p=top_p,
+                                      eos_id=self.eos_id if eos_id is None else eos_id)
 
   # -- perplexity -----------------------------------------------------------------------------
 
