@@ -129,23 +129,27 @@ class BertPretrainTask:
     }
 
 
-class BertClassificationTask:
-  """Cross-entropy of the [CLS]-pooled classifier; 'weight' counts examples, so the trainer's
-  eval 'accuracy' is the classification accuracy."""
+class BertHeadTask:
+  """Fine-tuning through one of `Bert`'s heads: the cross-entropy of its logits (the model
+  output named `output`) at the batch's labels, weighted by 'weights'; 'weight' sums those, so
+  the trainer's eval 'accuracy' is the accuracy of what is weighted (examples, or words)."""
+  output: str  # 'class_logits' or 'token_logits'
+  head_size: str  # the `Bert` field that gives the head its num_labels outputs
 
   def __init__(self, cfg: TransformerConfig, num_labels: int, *, type_vocab_size: int = 2):
     self.cfg, self.num_labels = cfg, num_labels
     self.model = Bert(cfg, type_vocab_size=type_vocab_size, mlm=False, sentence_classes=0,
-                      num_labels=num_labels)
+                      **{self.head_size: num_labels})
 
   def init_variables(self, rng):
     tokens = jnp.ones((1, min(8, self.cfg.max_len)), jnp.int32)
     return self.model.init({'params': rng, 'dropout': rng}, tokens, jnp.zeros_like(tokens))
 
   def logits(self, params, batch, rng=None, deterministic: bool = True):
+    """The head's float32 logits: [B, labels] per example, or [B, T, labels] per token."""
     rngs = None if deterministic else {'dropout': rng}
     return self.model.apply({'params': params}, batch['inputs'], batch['segments'],
-                            deterministic=deterministic, rngs=rngs)['class_logits']
+                            deterministic=deterministic, rngs=rngs)[self.output]
 
   def loss_fn(self, params, batch, rng, deterministic: bool):
     logits = self.logits(params, batch, rng, deterministic)
@@ -157,6 +161,12 @@ class BertClassificationTask:
 
   def count_slots(self, batch) -> int:
     return _count_slots(batch)
+
+
+class BertClassificationTask(BertHeadTask):
+  """Cross-entropy of the [CLS]-pooled classifier; 'weight' counts examples, so the trainer's
+  eval 'accuracy' is the classification accuracy."""
+  output, head_size = 'class_logits', 'num_labels'
 
   def model_flops(self, params, batch) -> float:
     return bert_model_flops(self.cfg, params, batch)
