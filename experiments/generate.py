@@ -160,7 +160,6 @@ def main(argv):
   import jax
   from transformer_jax.workflows import lm
 
-  trainer = None
   if _HF_DIR.value:
     task, tokenizer, params = load_hf_model(_HF_DIR.value)
   else:
@@ -169,18 +168,15 @@ def main(argv):
       raise ConfigError(f'--workdir {workdir} does not exist: train it with experiments.lm first')
     config = load_saved_config(workdir)
     lm.check_lm_workdir(config, workdir)
-    task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
+    model = lm.restore_for_inference(config, workdir)
+    task, tokenizer, params = model.task, model.tokenizer, model.params
   rng = jax.random.key(_SEED.value)
   sampling = dict(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-  try:
-    if len(prompts) == 1 and _STREAM.value and _OUTPUT_FORMAT.value == 'text':
-      stream_one(task, tokenizer, params, prompts[0], _MAX_NEW.value, rng, **sampling)
-      return
-    completions = generate_batch(task, tokenizer, params, prompts, _MAX_NEW.value, rng,
-                                 source=_PROMPTS_FILE.value, **sampling)
-  finally:
-    if trainer is not None:
-      trainer.close()
+  if len(prompts) == 1 and _STREAM.value and _OUTPUT_FORMAT.value == 'text':
+    stream_one(task, tokenizer, params, prompts[0], _MAX_NEW.value, rng, **sampling)
+    return
+  completions = generate_batch(task, tokenizer, params, prompts, _MAX_NEW.value, rng,
+                               source=_PROMPTS_FILE.value, **sampling)
   if _OUTPUT_FORMAT.value == 'jsonl':
     for prompt, completion in zip(prompts, completions):
       sys.stdout.write(json.dumps({'prompt': prompt, 'completion': completion}) + '\n')

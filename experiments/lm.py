@@ -61,7 +61,6 @@ def evaluate():
     raise ConfigError('--mode=evaluate needs --input=FILE, the text to score')
   if _CONFIG.value is not None:
     raise ConfigError('--mode=evaluate reads the workdir\'s saved config; drop --config')
-  trainer = None
   if _HF_DIR.value:
     task, tokenizer, params = lm.load_hf_model(_HF_DIR.value)
   else:
@@ -71,13 +70,10 @@ def evaluate():
       raise ConfigError(f'--workdir {workdir} does not exist: train it with experiments.lm first')
     config = load_saved_config(workdir)
     lm.check_lm_workdir(config, workdir)
-    task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
-  try:
-    results = lm.evaluate_file(task, params, tokenizer, _INPUT.value, _STRIDE.value,
-                               _BATCH_SIZE.value)
-  finally:
-    if trainer is not None:
-      trainer.close()
+    model = lm.restore_for_inference(config, workdir)
+    task, tokenizer, params = model.task, model.tokenizer, model.params
+  results = lm.evaluate_file(task, params, tokenizer, _INPUT.value, _STRIDE.value,
+                             _BATCH_SIZE.value)
   print(json.dumps(results), flush=True)
 
 

@@ -47,11 +47,11 @@ _OUTPUT = flags.DEFINE_string('output', '-', 'translate mode: output file, - for
 
 
 def translate_text(config, workdir: str):
-  task, trainer, params = translation.restore_for_inference(config, workdir)
+  model = translation.restore_for_inference(config, workdir)
   source = sys.stdin if _INPUT.value == '-' else open(_INPUT.value, encoding='utf-8')
   with source:
     lines = [line.rstrip('\n') for line in source]
-  outputs = task.translate(params, lines, trainer.mesh)
+  outputs = model.task.translate(model.params, lines, model.mesh)
   if _OUTPUT.value == '-':
     sys.stdout.write(''.join(o + '\n' for o in outputs))
   else:
@@ -79,8 +79,8 @@ def main(argv):
       raise ConfigError(
           '--mode=evaluate needs --config=CONFIG --config.eval.test_prefix=PREFIX (e.g. '
           'test_2016_flickr)')
-    task, trainer, params = translation.restore_for_inference(config, workdir)
-    translation.evaluate_test_set(config, workdir, task, trainer, params)
+    model = translation.restore_for_inference(config, workdir)
+    translation.evaluate_test_set(config, workdir, model.task, model.mesh, model.params)
   else:
     translate_text(config, workdir)
 

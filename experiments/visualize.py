@@ -63,12 +63,10 @@ def bert_attention(config, workdir: str, text: str):
     cfg, params, tokenizer = bert.restore_pretrained(workdir)
   else:  # fine-tuned: the pretrained model's config and tokenizer, this workdir's params
     from transformer_jax.tasks.bert import BertClassificationTask
-    from transformer_jax.training.trainer import Trainer
+    from transformer_jax.training import trained_model
     cfg, _, tokenizer, type_vocab_size = bert.load_init(config)
     task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
-    trainer = Trainer(config, task, workdir)
-    params = trainer.restore_params()
-    trainer.close()
+    params = trained_model.restore(config, task, workdir).params
   ids, segments = tokenizer.encode_pair(text, None, cfg.max_len)
   model = Bert(cfg, type_vocab_size=params['segment_embedding'].shape[0], mlm=False,
                sentence_classes=0)
@@ -84,11 +82,11 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
   kind = workdir_kind(config)
   if kind == 'translation':
     from transformer_jax.workflows import translation
-    task, trainer, params = translation.restore_for_inference(config, workdir)
+    model = translation.restore_for_inference(config, workdir)
+    task, params = model.task, model.params
     if target is None:
-      target = task.translate(params, [text], trainer.mesh)[0]
+      target = task.translate(params, [text], model.mesh)[0]
       logging.info('model translation: %s', target)
-    trainer.close()
     maps = visualize.translation_attention(task.model, params, task.src_tokenizer,
                                            task.tgt_tokenizer, text, target)
     return maps, 'Translation attention', f'source: {text}\ntarget: {target}'
@@ -97,9 +95,8 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
                       'only --text')
   if kind == 'lm':
     from transformer_jax.workflows import lm
-    task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
-    trainer.close()
-    return (visualize.lm_attention(task.model, params, tokenizer,
+    model = lm.restore_for_inference(config, workdir)
+    return (visualize.lm_attention(model.task.model, model.params, model.tokenizer,
                                    text), 'GPT self-attention', f'text: {text}')
   return bert_attention(config, workdir, text)
 

@@ -90,8 +90,7 @@ def test_the_language_model_exports_and_reimports_the_same_weights(copy, tmp_pat
   assert printed.split() == [str(out), 'gpt2']
   reimported = hf_gpt2.load(str(out)).params
   config = load_saved_config(str(written))
-  _, trainer, _, params = lm.restore_for_inference(config, str(written))
-  trainer.close()
+  params = lm.restore_for_inference(config, str(written)).params
   flat = dict(jax.tree_util.tree_flatten_with_path(params)[0])
   flat_reimported = dict(jax.tree_util.tree_flatten_with_path(reimported)[0])
   assert flat.keys() == flat_reimported.keys()

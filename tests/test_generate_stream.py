@@ -53,10 +53,8 @@ def char_lm(char_workdir):
   """(task, tokenizer, params) restored from `char_workdir`: context 16, 28 characters."""
   from transformer_jax.cli.workdir import load_saved_config
   from transformer_jax.workflows import lm
-  task, trainer, tokenizer, params = lm.restore_for_inference(load_saved_config(char_workdir),
-                                                              char_workdir)
-  trainer.close()
-  return task, tokenizer, params
+  model = lm.restore_for_inference(load_saved_config(char_workdir), char_workdir)
+  return model.task, model.tokenizer, model.params
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,6 @@ def test_shrunk_config_trains_on_tiny_shakespeare(tiny_shakespeare, tmp_path):
   assert results['eval_loss'] < 0.8 * math.log(vocab)
   assert results['step'] == 80 and np.isfinite(results['eval_loss'])
   # Decoding with the KV cache and rotary positions: the sample continues the prompt.
-  task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
-  assert task.cfg.position == 'rotary' and 'lm_head' in params
-  assert len(task.sample_text(params, 20)) == len('ROMEO:') + 20
-  trainer.close()
+  model = lm.restore_for_inference(config, workdir)
+  assert model.task.cfg.position == 'rotary' and 'lm_head' in model.params
+  assert len(model.task.sample_text(model.params, 20)) == len('ROMEO:') + 20

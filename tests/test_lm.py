@@ -187,7 +187,8 @@ def test_generation_is_deterministic_and_continues_the_text(trained_workdir):
   from transformer_jax.workflows import lm
   import jax
   workdir, _, config = trained_workdir
-  task, trainer, tokenizer, params = lm.restore_for_inference(config, workdir)
+  model = lm.restore_for_inference(config, workdir)
+  task, tokenizer, params = model.task, model.tokenizer, model.params
   prompt = np.asarray([tokenizer.encode('the quick ')] * 2, np.int32)
   # 40 new tokens > block_size 16: the cached generation continues in segments.
   greedy = task.generate(params, prompt, 40, jax.random.key(0), temperature=0.0)
@@ -204,7 +205,6 @@ def test_generation_is_deterministic_and_continues_the_text(trained_workdir):
   assert not np.array_equal(a, c)
   with pytest.raises(ConfigError):
     task.generate(params, prompt, 0, jax.random.key(0))
-  trainer.close()
 
 
 def _generate_cli(workdir, *flags):

@@ -57,10 +57,9 @@ def char_lm(tmp_path_factory):
   from transformer_jax.workflows import lm
   root = tmp_path_factory.mktemp('lm_eval')
   workdir = train_tiny_char_lm(root)
-  task, trainer, tokenizer, params = lm.restore_for_inference(load_saved_config(workdir), workdir)
-  trainer.close()
+  model = lm.restore_for_inference(load_saved_config(workdir), workdir)
   (root / 'eval.txt').write_text(EVAL_TEXT)
-  return workdir, task, tokenizer, params, str(root / 'eval.txt')
+  return workdir, model.task, model.tokenizer, model.params, str(root / 'eval.txt')
 
 
 def hand_nll(logits_fn, tokens, window: int, stride: int) -> tuple[float, int]:

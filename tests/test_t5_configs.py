@@ -85,8 +85,8 @@ def test_span_corruption_config_pretrains_on_tiny_shakespeare(span_run):
   assert 'eval_bleu' in results and 'eval_exact_match' in results  # fill-ins were decoded
   assert Tokenizer.from_file(str(workdir / 'spm.model')).vocab_size == 200
 
-  task, trainer, params = translation.restore_for_inference(config, str(workdir))
-  trainer.close()
+  model = translation.restore_for_inference(config, str(workdir))
+  task, params = model.task, model.params
   assert task.cfg.vocab_size == task.cfg.source_vocab_size == 300
   assert params['target_embed']['embedding'].shape == (300, 32)
   assert_t5_v1_1(task.cfg)
@@ -139,8 +139,7 @@ def test_multi30k_config_trains_text_to_text_with_the_prefix(corpus, tmp_path):
     assert src[-1] == EOS_ID
     assert tgt[:len(prefix_ids)].tolist() != prefix_ids
 
-  task, trainer, _ = translation.restore_for_inference(config, str(tmp_path))
-  trainer.close()
+  task = translation.restore_for_inference(config, str(tmp_path)).task
   assert task.src_tokenizer.encode('A dog runs.')[:len(prefix_ids)] == prefix_ids
   assert_t5_v1_1(task.cfg)
 

@@ -143,9 +143,7 @@ def test_finetunes_a_span_corruption_workdir(span_workdir, corpus, tmp_path, fit
   assert config.tokenizer.vocab_size == 8_000  # t5_multi30k's own, replaced by the workdir's
   results = translation.train_and_evaluate(config, workdir)
 
-  _, trainer, pretrained = translation.restore_for_inference(span_config, span_dir)
-  pretrained = jax.device_get(pretrained)
-  trainer.close()
+  pretrained = jax.device_get(translation.restore_for_inference(span_config, span_dir).params)
   assert fit_calls[0]['step'] == 0
   assert_same_tree(fit_calls[0]['params'], pretrained)
   assert_falls(fit_calls, results, workdir)
@@ -161,9 +159,8 @@ def test_finetunes_a_span_corruption_workdir(span_workdir, corpus, tmp_path, fit
   moved = str(tmp_path / 'gone')
   shutil.move(span_dir, moved)
   try:
-    task, trainer, params = translation.restore_for_inference(saved, workdir)
-    params = jax.device_get(params)
-    trainer.close()
+    model = translation.restore_for_inference(saved, workdir)
+    task, params = model.task, jax.device_get(model.params)
     assert task.cfg.vocab_size == 300 and task.tgt_tokenizer.encode('<extra_id_0>') == [299]
     config.train.num_steps = 14
     results = translation.train_and_evaluate(config, workdir)
@@ -281,10 +278,9 @@ def test_finetunes_a_hugging_face_t5(hf_t5_dir, corpus, tmp_path, fit_calls, tra
   saved = load_saved_config(workdir)
   assert saved.model.vocab_size == 264 and saved.tokenizer.vocab_size == 260
   assert saved.model.emb_dim == 32 and saved.model.activation == 'relu'  # not t5_multi30k's
-  task, trainer, params = translation.restore_for_inference(saved, workdir)
+  model = translation.restore_for_inference(saved, workdir)
   sentences = ['A dog runs on the beach.', 'Two men are playing football in a park.']
-  expected = task.translate(params, sentences, trainer.mesh)
-  trainer.close()
+  expected = model.task.translate(model.params, sentences, model.mesh)
   result = translate_cli.run(f'--workdir={workdir}', '--mode=translate',
                              stdin=''.join(s + '\n' for s in sentences))
   assert result.returncode == 0, result.stderr[-3000:]

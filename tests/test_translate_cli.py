@@ -138,7 +138,7 @@ def test_train_then_translate_stdin_then_evaluate_test_set(translate_cli, tmp_pa
   translated = translate_cli.run(f'--workdir={workdir}', '--mode=translate',
                                  stdin=''.join(s + '\n' for s in sentences))
   assert translated.returncode == 0, translated.stderr[-3000:]
-  assert 'loaded checkpoint at step 20' in translated.stderr
+  assert 'read the params of the checkpoint at step 20' in translated.stderr
   assert translated.stdout.endswith('\n')
   outputs = translated.stdout[:-1].split('\n')
   assert len(outputs) == len(sentences), translated.stdout

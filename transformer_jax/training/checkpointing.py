@@ -165,14 +165,17 @@ class Checkpointer:
     self.manager.close()
 
 
-def restore_params_only(directory: str) -> dict:
-  """The params of the latest readable checkpoint a `Checkpointer` wrote in `directory`, as
-  numpy arrays on the host (for export: no model, mesh or optimizer needs building).
+def restore_params_only(directory: str, abstract_params=None) -> dict:
+  """The params of the latest readable checkpoint a `Checkpointer` wrote in `directory`.
 
-  Only the params are read, not the optimizer state or the data position, each array whole
-  whatever mesh it was saved from. An unreadable checkpoint is logged and the one before it
-  tried, as `Checkpointer.restore` does; nothing is written (no directory is created).
-  ConfigError if no checkpoint can be read.
+  Only the params are read, not the optimizer state or the data position, so nothing of
+  training needs building (a checkpoint without optimizer state reads as well). With
+  `abstract_params` (jax.ShapeDtypeStructs with shardings, `train_step.abstract_params`) the
+  arrays come back placed on its mesh, each process reading only its shards, and a checkpoint
+  of other shapes is a ConfigError naming the parameter (as `Checkpointer.restore`); without,
+  numpy arrays on the host, each whole whatever mesh saved it (for export: no model or mesh).
+  An unreadable checkpoint is logged and the one before it tried, as `Checkpointer.restore`
+  does; nothing is written (no directory is created). ConfigError if no checkpoint can be read.
   """
   import numpy as np
   directory = os.path.abspath(directory)
@@ -183,15 +186,25 @@ def restore_params_only(directory: str) -> dict:
   try:
     for step in sorted(manager.all_steps(), reverse=True):
       try:
-        item = {'params': manager.item_metadata(step)['state']['params']}
+        stored = {'params': manager.item_metadata(step)['state']['params']}
+      except Exception as error:  # unreadable (truncated, corrupted): try the one before
+        _log_unreadable(step, directory, error)
+        continue
+      if abstract_params is None:
+        item = stored
         args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+      else:
+        item = {'params': abstract_params}
+        _check_shapes(item, stored, step, directory)
+        args = ocp.checkpoint_utils.construct_restore_args(item)
+      try:
         # The params subtree of the step's 'state' item alone (partial_restore), read with the
         # PyTree handler: StandardRestore would need the whole TrainState's structure.
         with ocp.PyTreeCheckpointer() as reader:
           restored = reader.restore(
               os.path.join(directory, str(step), 'state'),
               args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True))
-      except Exception as error:  # unreadable (truncated, corrupted): try the one before
+      except Exception as error:
         _log_unreadable(step, directory, error)
         continue
       logging.info('read the params of the checkpoint at step %d in %s', step, directory)

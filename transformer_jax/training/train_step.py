@@ -90,6 +90,23 @@ def step_compiler_options(task, mesh: jax.sharding.Mesh) -> dict | None:
   return precision.compiler_options(task.cfg.matmul_dtype, mesh.devices.flat[0].platform)
 
 
+def _placed(boxed_abstract, mesh: jax.sharding.Mesh, rules):
+  """(shardings, abstract tree) of a `jax.eval_shape` tree of logically named boxes: a
+  NamedSharding per leaf (`sharding.tree_shardings`) and the unboxed leaves as
+  jax.ShapeDtypeStructs carrying them."""
+  shardings = sharding.tree_shardings(mesh, boxed_abstract, rules)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          nn.meta.unbox(boxed_abstract), shardings)
+  return shardings, abstract
+
+
+def abstract_params(task, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_AXIS_RULES):
+  """`task`'s params as jax.ShapeDtypeStructs placed as `build_train_step` places them in the
+  train state (the params alone: no optimizer is built), e.g. for a params-only restore."""
+  boxed = jax.eval_shape(lambda rng: task.init_variables(rng)['params'], jax.random.key(0))
+  return _placed(boxed, mesh, rules)[1]
+
+
 def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *, seed: int,
                      accumulation_steps: int = 1,
                      rules=sharding.LOGICAL_AXIS_RULES) -> ShardedTrainStep:
@@ -105,10 +122,8 @@ def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.
     params = task.init_variables(rng)['params']
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  boxed = jax.eval_shape(create_state, jax.random.key(0))
-  state_shardings = sharding.tree_shardings(mesh, boxed, rules)
-  abstract_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                nn.meta.unbox(boxed), state_shardings)
+  state_shardings, abstract_state = _placed(jax.eval_shape(create_state, jax.random.key(0)), mesh,
+                                            rules)
   batch_sharding = sharding.batch_sharding(mesh)
   step = jax.jit(make_train_step(task.loss_fn, tx, seed, accumulation_steps),
                  in_shardings=(state_shardings, batch_sharding),

@@ -101,14 +101,20 @@ def pretrain_task(config, cfg, eval_batches=()):
                           type_vocab_size=data.type_vocab_size, eval_batches=eval_batches)
 
 
-def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
-  """(task, trainer, tokenizer) for a pretraining config; the workdir's tokenizer if none is
-  given."""
-  from transformer_jax.training.trainer import Trainer
+def build_pretrain_task(config, workdir: str, tokenizer=None, eval_batches=()):
+  """(task, tokenizer) for a pretraining config; the workdir's tokenizer if none is given."""
   run = Pretraining.of(config)
   if tokenizer is None:
     tokenizer = pretrain_tokenizer(run, workdir)
-  task = pretrain_task(run, pretrain_model_config(run, tokenizer.vocab_size), eval_batches)
+  return pretrain_task(run, pretrain_model_config(run, tokenizer.vocab_size),
+                       eval_batches), tokenizer
+
+
+def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
+  """(task, trainer, tokenizer) for a pretraining config, as `build_pretrain_task`."""
+  from transformer_jax.training.trainer import Trainer
+  run = Pretraining.of(config)
+  task, tokenizer = build_pretrain_task(run, workdir, tokenizer, eval_batches)
   return task, Trainer(run.config, task, workdir), tokenizer
 
 
@@ -170,12 +176,11 @@ def pretrain(config, workdir: str) -> dict:
 def restore_pretrained(workdir: str):
   """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint (its
   data.type_vocab_size is `segment_types(load_saved_config(workdir))`)."""
+  from transformer_jax.training import trained_model
   run = Pretraining.of(load_saved_config(workdir))
-  _, trainer, tokenizer = build_pretrain(run, workdir)
-  params = jax.device_get(trainer.restore_params())
-  cfg = pretrain_model_config(run, tokenizer.vocab_size)
-  trainer.close()
-  return cfg, params, tokenizer
+  task, tokenizer = build_pretrain_task(run, workdir)
+  params = jax.device_get(trained_model.restore(run.config, task, workdir).params)
+  return task.cfg, params, tokenizer
 
 
 def abstract_pretrain(config):

@@ -47,15 +47,13 @@ def _saved_config_of(workdir: str, expected: str, use: str):
 def restore_classifier(workdir: str):
   """(saved config read as bert_sections.FineTuning, task, params, tokenizer) of a fine-tuned
   sentence-classification workdir's latest checkpoint."""
-  from transformer_jax.training.trainer import Trainer
+  from transformer_jax.training import trained_model
   saved = bert_sections.FineTuning.of(_saved_config_of(workdir, 'finetune', 'predict/evaluate'))
   classification_data(saved)  # a tagging workdir is refused before its tokenizer is read
   tokenizer = bert.finetune_tokenizer(saved, workdir)
   cfg, type_vocab_size = bert.init_model_config(saved)
   task = classification_task(saved, cfg, type_vocab_size)
-  trainer = Trainer(saved.config, task, workdir)
-  params = jax.device_get(trainer.restore_params())
-  trainer.close()
+  params = jax.device_get(trained_model.restore(saved.config, task, workdir).params)
   return saved, task, params, tokenizer
 
 

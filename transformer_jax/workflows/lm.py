@@ -158,10 +158,9 @@ def check_pack(config):
                       "tokenizer.type='char' reads one character stream without them")
 
 
-def build(config, workdir: str, train_documents: list[str] | None = None):
-  """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
+def build_task(config, workdir: str, train_documents: list[str] | None = None):
+  """(task, tokenizer) for `config`, the model sized to the tokenizer."""
   from transformer_jax.tasks.lm import LanguageModelTask
-  from transformer_jax.training.trainer import Trainer
   tokenizer = load_tokenizer(config, workdir, train_documents)
   sample = config.eval
   task = LanguageModelTask(model_config(config, tokenizer.vocab_size), tokenizer=tokenizer,
@@ -170,6 +169,13 @@ def build(config, workdir: str, train_documents: list[str] | None = None):
                            sample_tokens=int(sample.sample_tokens),
                            temperature=float(sample.temperature), top_k=int(sample.top_k),
                            top_p=float(sample.top_p), sample_seed=int(config.seed))
+  return task, tokenizer
+
+
+def build(config, workdir: str, train_documents: list[str] | None = None):
+  """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
+  from transformer_jax.training.trainer import Trainer
+  task, tokenizer = build_task(config, workdir, train_documents)
   return task, Trainer(config, task, workdir), tokenizer
 
 
@@ -239,10 +245,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def restore_for_inference(config, workdir: str):
-  """(task, trainer, tokenizer, params) of the workdir's latest checkpoint."""
+  """The workdir's model for inference (`trained_model.TrainedModel`: task, params of the latest
+  checkpoint, mesh, tokenizer); the params alone are read, and nothing is written."""
+  from transformer_jax.training import trained_model
   validate(config)
-  task, trainer, tokenizer = build(config, workdir)
-  return task, trainer, tokenizer, trainer.restore_params()
+  task, tokenizer = build_task(config, workdir)
+  return trained_model.restore(config, task, workdir, tokenizer=tokenizer)
 
 
 # -- inference: a trained workdir or an imported Hugging Face model -----------------------------
@@ -253,8 +261,7 @@ LM_TOKENIZERS = ('char', 'sentencepiece', 'byte_bpe')
 def check_lm_workdir(config, workdir: str):
   """ConfigError unless `workdir` was trained by experiments.lm and holds a checkpoint.
 
-  Checked before a Trainer exists: its checkpoint manager would create checkpoints/ in a
-  workdir that has none, and inference writes nothing.
+  Checked before anything is read, so that a wrong workdir reads as one line.
   """
   data, tokenizer = config.get('data') or {}, config.get('tokenizer') or {}
   if 'block_size' not in data or tokenizer.get('type') not in LM_TOKENIZERS:

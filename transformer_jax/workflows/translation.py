@@ -38,8 +38,8 @@ from transformer_jax.workflows.span_corruption import (noise_settings, span_corr
                                                        validate_span_corruption)
 from transformer_jax.workflows.t5_init import (init_config, planned_config, resumed_config,
                                                start_state, write_init_tokenizer)
-from transformer_jax.workflows.translation_model import (build, init_source, model_config,
-                                                         requested_vocab_size)
+from transformer_jax.workflows.translation_model import (build, build_task, init_source,
+                                                         model_config, requested_vocab_size)
 
 TRANSLATION, SPAN_CORRUPTION = 'translation', 'span_corruption'
 
@@ -193,11 +193,11 @@ def padding_fraction(config, batcher, epoch: int = 0) -> float:
   return 1.0 - batcher.num_tokens / (2 * slots)
 
 
-def evaluate_test_set(config, workdir, task, trainer, params) -> dict:
+def evaluate_test_set(config, workdir, task, mesh, params) -> dict:
   import sacrebleu
   prefix = config.eval.test_prefix
   sources, references = load_split(config, prefix)
-  hypotheses = task.translate(params, sources, trainer.mesh)
+  hypotheses = task.translate(params, sources, mesh)
   bleu = sacrebleu.corpus_bleu(hypotheses, [references])
   out_path = os.path.join(workdir, f'{prefix}.{config.data.tgt_lang}.hyp')
   write_atomically(out_path, '\n'.join(hypotheses) + '\n')
@@ -238,7 +238,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if config.eval.average_last > 1:
     params, results['averaged'] = choose_average(config, task, trainer, valid_pairs, results)
   if config.eval.test_prefix:
-    results['test_bleu'] = evaluate_test_set(config, workdir, task, trainer, params)['bleu']
+    results['test_bleu'] = evaluate_test_set(config, workdir, task, trainer.mesh, params)['bleu']
   trainer.close()
   return results
 
@@ -268,13 +268,15 @@ def choose_average(config, task, trainer, valid_pairs, results):
 
 
 def restore_for_inference(config, workdir: str):
-  """(task, trainer, params) of the workdir's latest checkpoint.
+  """The workdir's model for inference (`trained_model.TrainedModel`: task, params of the latest
+  checkpoint, mesh); the params alone are read, and nothing is written.
 
   A fine-tuned workdir (init.*) is read with the model and tokenizer sections its training
   saved, whatever config is given: nothing of the init source is needed.
   """
+  from transformer_jax.training import trained_model
   validate(config)
   if init_source(config)[0]:
     config = resumed_config(config, workdir)
-  task, trainer, _ = build(config, workdir)
-  return task, trainer, trainer.restore_params()
+  task, _ = build_task(config, workdir)
+  return trained_model.restore(config, task, workdir)

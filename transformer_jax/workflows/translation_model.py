@@ -130,11 +130,11 @@ def model_config(config, src_vocab_size: int, tgt_vocab_size: int) -> Transforme
       share_embeddings=bool(config.model.share_embeddings and config.tokenizer.joint))
 
 
-def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
-  """Tokenizers, task and trainer for `config` (the model sized to the tokenizers, sentinels
-  included); `tokenizers` = (source, target) from `load_tokenizers` if already loaded."""
+def build_task(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
+  """(task, (source tokenizer, target tokenizer)) for `config` (the model sized to the
+  tokenizers, sentinels included); `tokenizers` = (source, target) from `load_tokenizers` if
+  already loaded."""
   from transformer_jax.tasks.translation import TranslationTask
-  from transformer_jax.training.trainer import Trainer
   src_tok, tgt_tok = tokenizers or load_tokenizers(config, workdir, train_pairs)
   model_cfg = model_config(config, src_tok.vocab_size, tgt_tok.vocab_size)
   bleu_n = config.eval.bleu_sentences or len(valid_pairs[0])
@@ -143,4 +143,11 @@ def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenize
                          decode_rows=config.eval.decode_rows, src_tokenizer=src_tok,
                          tgt_tokenizer=tgt_tok, eval_sources=valid_pairs[0][:bleu_n],
                          eval_references=valid_pairs[1][:bleu_n])
-  return task, Trainer(config, task, workdir), (src_tok, tgt_tok)
+  return task, (src_tok, tgt_tok)
+
+
+def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
+  """Task, trainer and (source, target) tokenizers for `config`, as `build_task`."""
+  from transformer_jax.training.trainer import Trainer
+  task, tokenizers = build_task(config, workdir, train_pairs, valid_pairs, tokenizers)
+  return task, Trainer(config, task, workdir), tokenizers
