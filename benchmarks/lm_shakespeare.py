@@ -56,11 +56,12 @@ def main(argv):
   logging.info('workdir %s, config:\n%s', workdir, config)
 
   start = time.time()
-  train_docs, valid_docs = lm.load_documents(config)
-  task, trainer, tokenizer = lm.build(config, workdir, train_docs)
+  sections = lm.sections_of(config)
+  train_docs, valid_docs = lm.load_documents(sections.data)
+  task, trainer, tokenizer = lm.build(config, workdir, train_docs, sections)
   save_config(config, workdir)
   train_tokens, valid_tokens = lm.encode(tokenizer, train_docs), lm.encode(tokenizer, valid_docs)
-  train_data, valid_batches = lm.make_data(config, train_tokens, valid_tokens)
+  train_data, valid_batches = lm.make_data(sections, train_tokens, valid_tokens)
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   params = trainer.state.params
 

@@ -41,19 +41,6 @@ _TITLE = flags.DEFINE_string(
     'the workdir\'s name.')
 
 
-def workdir_kind(config) -> str:
-  """'translation', 'lm' or 'encoder' (experiments.bert), from the keys of a saved config."""
-  data = config.get('data', {})
-  if 'src_lang' in data:
-    return 'translation'
-  if 'block_size' in data:
-    return 'lm'
-  if config.get('mode', '') in ('pretrain', 'finetune'):
-    return 'encoder'
-  raise ConfigError('cannot tell which experiment trained this workdir (its config.json has '
-                    'neither data.src_lang, data.block_size nor a BERT mode)')
-
-
 def bert_attention(config, workdir: str, text: str):
   """A BERT workdir (pretrained or fine-tuned) reading [CLS] text [SEP]."""
   from transformer_jax import visualize
@@ -79,8 +66,9 @@ def bert_attention(config, workdir: str, text: str):
 def attention_maps(config, workdir: str, text: str, target: str | None):
   """(maps, title, description) for the workdir's model reading `text`."""
   from transformer_jax import visualize
-  kind = workdir_kind(config)
-  if kind == 'translation':
+  from transformer_jax.workflows import experiments
+  kind = experiments.of_config(config).name
+  if kind == experiments.TRANSLATION:
     from transformer_jax.workflows import translation
     model = translation.restore_for_inference(config, workdir)
     task, params = model.task, model.params
@@ -93,7 +81,7 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
   if target is not None:
     raise ConfigError(f'--target is for translation workdirs, not this {kind} one: pass '
                       'only --text')
-  if kind == 'lm':
+  if kind == experiments.LM:
     from transformer_jax.workflows import lm
     model = lm.restore_for_inference(config, workdir)
     return (visualize.lm_attention(model.task.model, model.params, model.tokenizer,

@@ -368,7 +368,7 @@ def test_gpt2_shakespeare_bpe_trains(tmp_path, tiny_shakespeare):
   assert not [f for f in os.listdir(workdir) if '.tmp' in f]
   tokenizer = HFTokenizer.from_dir(os.path.join(workdir, 'tokenizer'))
   assert tokenizer.vocab_size == 320 and tokenizer.eos_id == 0
-  train_docs, _ = lm.load_documents(config)
+  train_docs, _ = lm.load_documents(lm.sections_of(config).data)
   stream = lm.encode(tokenizer, train_docs)
   assert stream.dtype == np.uint16 and stream[-1] == tokenizer.eos_id
   # ~1 MB of text in 320 tokens: merges make a token worth more than one byte.
@@ -383,11 +383,11 @@ def test_gpt2_shakespeare_bpe_trains(tmp_path, tiny_shakespeare):
 
   # A rerun keeps the saved tokenizer whatever vocab_size says (the ids must not change).
   rerun = _tiny_bpe_config(tiny_shakespeare, **{'tokenizer.vocab_size': 400})
-  again = lm.load_tokenizer(rerun, workdir, train_docs)
+  again = lm.load_tokenizer(lm.sections_of(rerun).tokenizer, workdir, train_docs)
   assert again.vocab_size == 320
   np.testing.assert_array_equal(lm.encode(again, train_docs), stream)
   with pytest.raises(ConfigError, match="tokenizer.type must be 'char', 'sentencepiece' or"):
-    lm.load_tokenizer(_tiny_bpe_config(tiny_shakespeare, **{'tokenizer.type': 'bpe'}), workdir)
+    lm.sections_of(_tiny_bpe_config(tiny_shakespeare, **{'tokenizer.type': 'bpe'}))
 
 
 def test_evaluation_sample_shows_the_prompt_and_stops_at_eos():

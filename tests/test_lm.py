@@ -271,7 +271,7 @@ def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
                             eval__sample_tokens=5, eval__sample_prompt=' ')
   assert config.data.tfds_name == 'tiny_shakespeare'
   with tfds.testing.mock_data(num_examples=1):
-    train_docs, _ = lm.load_documents(config)
+    train_docs, _ = lm.load_documents(lm.sections_of(config).data)
     config.eval.sample_prompt = train_docs[0][0]  # mock text is random letters
     results = lm.train_and_evaluate(config, str(tmp_path))
   assert results['step'] == 2 and np.isfinite(results['eval_loss'])

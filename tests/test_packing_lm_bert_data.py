@@ -134,15 +134,16 @@ def test_lm_make_data_packs_train_and_eval_batches(byte_bpe, caption_documents):
   from transformer_jax.workflows import lm
   tokens = lm_data.encode_documents(byte_bpe, caption_documents)
   eos = lm_data.lm_eos_id(byte_bpe)
-  train, valid = lm.make_data(_tiny_lm_config(**{'data.pack': True}), tokens, tokens, eos)
+  packed = lm.sections_of(_tiny_lm_config(**{'data.pack': True}))
+  train, valid = lm.make_data(packed, tokens, tokens, eos)
   for batch in [train.batch(0), *valid]:
     assert 'inputs_segment_ids' in batch and 'inputs_positions' in batch
-  train, valid = lm.make_data(_tiny_lm_config(), tokens, tokens, eos)
+  train, valid = lm.make_data(lm.sections_of(_tiny_lm_config()), tokens, tokens, eos)
   assert set(train.batch(0)) == set(valid[0]) == {'inputs', 'targets'}
   _, shapes = lm.abstract_task(_tiny_lm_config(**{'data.pack': True}))
   assert set(shapes) == {'inputs', 'targets', 'inputs_segment_ids', 'inputs_positions'}
   with pytest.raises(ConfigError, match='no EOS'):
-    lm.make_data(_tiny_lm_config(**{'data.pack': True}), tokens, tokens, None)
+    lm.make_data(packed, tokens, tokens, None)
 
 
 def test_char_corpus_cannot_be_packed(tmp_path):
@@ -165,7 +166,7 @@ def test_lm_packed_training_end_to_end(tmp_path, monkeypatch, corpus):
   from transformer_jax.workflows import lm
   lines = _captions(corpus, 400)
   documents = [' '.join(lines[i:i + 2]) for i in range(0, len(lines), 2)]
-  monkeypatch.setattr(lm, 'load_documents', lambda config: (documents[:180], documents[180:]))
+  monkeypatch.setattr(lm, 'load_documents', lambda data: (documents[:180], documents[180:]))
   seen = []
   make_data = lm.make_data
 

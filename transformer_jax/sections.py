@@ -210,3 +210,31 @@ def value_of(node, key: str, kind, default, where: str = ''):
   if key not in node:
     return default
   return _convert(node[key], kind, where or key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoices:
+  """The settings of config.model that a run decides from before any model config is built:
+  the attention kernel, the dtypes and the remat policy, as the config writes them.
+
+  The model section itself is `TransformerConfig`'s (model_config.py), built by each workflow
+  with the sizes only it knows (the tokenizer's vocabulary; a fine-tuned model's checkpoint,
+  whose config a BERT fine-tuning section only overrides); the checks of the run
+  (cli/validation.py), the trainer's log and the planner read these few keys here instead. The
+  defaults are `TransformerConfig`'s; the other keys are left to it.
+  """
+  attention_implementation: str = 'auto'
+  dtype: str = 'float32'
+  matmul_dtype: str | None = None  # 'auto', a dtype's name, or None: model.dtype
+  remat_policy: str = 'none'
+
+  @classmethod
+  def of(cls, config) -> 'ModelChoices':
+    model = _items(config['model'] if 'model' in config else None)
+    values = {}
+    for field in dataclasses.fields(cls):
+      if field.name in model:
+        value = model[field.name]
+        optional = field.name == 'matmul_dtype' and value is None
+        values[field.name] = value if optional else _convert(value, str, f'model.{field.name}')
+    return cls(**values)

@@ -7,6 +7,9 @@ from experiments.configs.common import base_config
 
 def translate_config() -> ml_collections.ConfigDict:
   config = base_config()
+  # Trained by experiments.translate (transformer_jax/workflows/experiments.py); span corruption
+  # and text-to-text fine-tuning too.
+  config.experiment = 'translation'
   config.data = ml_collections.ConfigDict()
   config.data.source = 'files'  # 'files' (parallel text), 'tfds', or 'numbers' (embedded)
   config.data.dir = ''  # for 'files': {dir}/{prefix}.{lang}[.gz]

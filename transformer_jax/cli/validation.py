@@ -7,7 +7,7 @@ step, so a wrong config leaves the workdir untouched and fails in seconds with o
 """
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.sections import RunSections, Train
+from transformer_jax.sections import ModelChoices, RunSections, Train
 
 TRAIN_KEYS = ('num_steps', 'eval_every', 'checkpoint_every', 'log_every')
 
@@ -76,7 +76,8 @@ def attention_kernel_unavailable(config, platform: str | None = None) -> str | N
   """Why config.model.attention_implementation (a fused kernel) can't run on `platform`
   ('cpu', 'gpu', 'tpu'; by default jax's backend here), or None."""
   from transformer_jax.kernels.scaled_dot_product import KERNEL_BACKENDS
-  implementation = config.get('model', {}).get('attention_implementation', 'auto')
+  model = ModelChoices.of(config)
+  implementation = model.attention_implementation
   needs = KERNEL_BACKENDS.get(implementation)
   if needs is None:
     return None  # (asks for no backend, so jax's backend is not started here)
@@ -86,8 +87,7 @@ def attention_kernel_unavailable(config, platform: str | None = None) -> str | N
   if platform != needs:
     return (f'model.attention_implementation={implementation!r} runs on {needs.upper()} only, '
             f'and this run is on {platform.upper()}')
-  dtype = str(config.get('model', {}).get('dtype', 'float32'))
-  if implementation == 'cudnn' and dtype not in ('bfloat16', 'float16'):
+  if implementation == 'cudnn' and model.dtype not in ('bfloat16', 'float16'):
     return (f"model.attention_implementation='cudnn' needs model.dtype bfloat16 or float16 "
-            f"(cuDNN's fused attention has no {dtype})")
+            f"(cuDNN's fused attention has no {model.dtype})")
   return None

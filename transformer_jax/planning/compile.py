@@ -2,8 +2,9 @@
 
     plan(config, target) -> {bytes per device, FLOPs, collectives, predicted step time, MFU}
 
-1. The workflow of the config (`workflows/{lm,translation,bert}.py`) builds the task and the
-   shapes of one global batch from the config alone (`abstract_task`): no data, no tokenizer.
+1. The experiment of the config (`workflows/experiments.py`: a language model, translation or a
+   BERT-family encoder) builds the task and the shapes of one global batch from the config alone
+   (its workflow's `abstract_task`): no data, no tokenizer.
 2. The mesh of `config.mesh` is made over the compile-only devices of the target's topology
    (libtpu, or jax's CUDA plugin given the chip's `target_config`, describes them; `runtime.py`),
    and the trainer's own step builder
@@ -43,7 +44,7 @@ import time
 from transformer_jax.errors import ConfigError
 from transformer_jax.planning import collectives, runtime, traffic
 from transformer_jax.planning.targets import GIB, Target
-from transformer_jax.sections import Mesh, RunSections, section_of
+from transformer_jax.sections import Mesh, ModelChoices, RunSections, section_of
 
 FORMULA = ('time = max(flops / peak_flops, bytes_accessed / hbm_bandwidth) per device; '
            'MFU = model_flops / (time * peak_flops)')
@@ -53,24 +54,6 @@ GPU_MEMORY_FRACTION = 0.75  # jax's GPU memory pool unless XLA_PYTHON_CLIENT_MEM
 
 class DoesNotFitError(ConfigError):
   """The step needs more HBM per device than the target's chips have."""
-
-
-def workflow_for(config):
-  """The workflow module of `config`, told by the keys only its family has."""
-  from transformer_jax.workflows import bert, lm, translation
-  data = config.get('data', None) or {}
-  if 'mode' in config:
-    return bert
-  if 'batch_tokens' in data:
-    return translation
-  if 'block_size' in data:
-    return lm
-  raise ConfigError('cannot tell the experiment of this config: expected config.mode (BERT), '
-                    'data.batch_tokens (translation) or data.block_size (language model)')
-
-
-def _batch_option(config) -> str:
-  return 'data.batch_tokens' if 'batch_tokens' in config.data else 'data.batch_size'
 
 
 def mesh_shape(config, target: Target) -> tuple[int, ...]:
@@ -171,11 +154,12 @@ def plan(config, target: Target) -> dict:
   from transformer_jax.parallel import sharding
   from transformer_jax.training.optimizer import make_optimizer
   from transformer_jax.training.train_step import build_train_step
-  workflow = workflow_for(config)
+  from transformer_jax.workflows import experiments
+  experiment = experiments.of_config(config)
   mesh_axes = dict(zip(sharding.MESH_AXES, mesh_shape(config, target)))  # before the task:
   # translation sizes its batch by the mesh
   usable = int(target.chip.hbm_bytes * memory_fraction(target))
-  task, batch_shapes = workflow.abstract_task(config, num_devices=target.chips)
+  task, batch_shapes = experiment.abstract_task(config, num_devices=target.chips)
   global_batch = next(iter(batch_shapes.values())).shape[0]
   check_config(config, target, global_batch)
   run = RunSections.of(config)
@@ -194,11 +178,13 @@ def plan(config, target: Target) -> dict:
       k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharded.batch_sharding)
       for k, v in batch_shapes.items()
   }
-  attention = config.model.get('attention_implementation', 'auto')
+  model = ModelChoices.of(config)
+  attention = model.attention_implementation
+  fit_advice = lambda activations_first: _fit_advice(experiment, config, model, mesh_axes,
+                                                     activations_first, target)
   attention_note = ''
   try:
-    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, config, mesh_axes,
-                                                     target)
+    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, fit_advice, target)
   except Exception as error:  # cuDNN's fused attention needs a GPU to compile (runtime.py)
     if target.platform != 'gpu' or 'cuDNN' not in str(error) or attention not in ('auto', 'cudnn'):
       raise
@@ -207,10 +193,9 @@ def plan(config, target: Target) -> dict:
                       "with XLA's attention ('xla'), whose memory and FLOPs it approximates")
     config = copy.deepcopy(config)
     config.model.attention_implementation = 'xla'
-    task, _ = workflow.abstract_task(config, num_devices=target.chips)
+    task, _ = experiment.abstract_task(config, num_devices=target.chips)
     sharded = build_train_step(task, tx, mesh, seed=run.seed, accumulation_steps=accumulation)
-    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, config, mesh_axes,
-                                                     target)
+    lowered, compiled, lower_s, compile_s = _compile(sharded, batch, mesh, fit_advice, target)
   tokens = math.prod(batch_shapes['inputs'].shape)
   params = sharded.abstract_state.params
   parameters = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
@@ -219,21 +204,20 @@ def plan(config, target: Target) -> dict:
                    lambda: program_cost(lowered, target.chips))
   result.update(
       predict(result['flops_per_device'], result['bytes_accessed_per_device'], model_flops, target))
-  model = config.model
+  compiled_model = ModelChoices.of(config)
   result.update(target=target.name, platform=target.platform, chip=target.chip.name,
                 device_kind=target.chip.device_kind, chips=target.chips, topology=target.topology)
-  result.update(family=workflow.__name__.rsplit('.', 1)[1], mesh=dict(mesh.shape),
-                parameters=int(parameters), tokens_per_step=int(tokens))
+  result.update(family=experiment.workflow_name, mesh=dict(mesh.shape), parameters=int(parameters),
+                tokens_per_step=int(tokens))
   step_s = result['step_time_s']
   result.update(tokens_per_s=tokens / step_s if step_s else 0.0,
                 batch={k: list(v.shape) for k, v in batch_shapes.items()})
   result.update(attention_implementation=attention, attention_note=attention_note,
-                attention_compiled=model.get('attention_implementation', 'auto'))
-  result.update(remat_policy=model.get('remat_policy', 'none'), dtype=str(model.get('dtype')),
-                lower_s=round(lower_s, 2), compile_s=round(compile_s, 2), formula=FORMULA,
-                model_flops_formula=flops.FORMULA)
+                attention_compiled=compiled_model.attention_implementation)
+  result.update(remat_policy=model.remat_policy, dtype=model.dtype, lower_s=round(lower_s, 2),
+                compile_s=round(compile_s, 2), formula=FORMULA, model_flops_formula=flops.FORMULA)
   if not result['fits']:
-    advice = _fit_advice(config, mesh_axes, result['activation_bytes'] > state_bytes, target)
+    advice = fit_advice(result['activation_bytes'] > state_bytes)
     error = DoesNotFitError(f'{target.name}: the train step needs {_gib(result["peak_bytes"])} '
                             f'per device but a {target.chip.name} chip has {_gib(usable)} '
                             f'{_memory_name(target)} (parameters {_gib(result["parameter_bytes"])}'
@@ -253,9 +237,9 @@ def _memory_name(target: Target) -> str:
   return 'of HBM'
 
 
-def _compile(sharded, batch, mesh, config, mesh_axes, target):
+def _compile(sharded, batch, mesh, fit_advice, target):
   """(lowered step, compiled step, lower seconds, compile seconds); a TPU compiler's
-  out-of-memory refusal as DoesNotFitError."""
+  out-of-memory refusal as DoesNotFitError, with `fit_advice(activations_first=True)`."""
   from transformer_jax.parallel import sharding
   start = time.time()
   with sharding.use_mesh(mesh):  # as Trainer.fit runs it: the logical-axis rules are active
@@ -268,8 +252,7 @@ def _compile(sharded, batch, mesh, config, mesh_axes, target):
     message = _compiler_out_of_memory(error, target)
     if message is None:
       raise
-    raise DoesNotFitError(f'{target.name}: {message}; '
-                          f'{_fit_advice(config, mesh_axes, True, target)}') from None
+    raise DoesNotFitError(f'{target.name}: {message}; {fit_advice(True)}') from None
   return lowered, compiled, lower_s, time.time() - start
 
 
@@ -357,16 +340,17 @@ def _gib(n: float) -> str:
   return f'{n / GIB:.2f} GiB'
 
 
-def _fit_advice(config, mesh_axes: dict, activations_first: bool = False,
-                target: Target | None = None) -> str:
+def _fit_advice(experiment, config, model: ModelChoices, mesh_axes: dict,
+                activations_first: bool = False, target: Target | None = None) -> str:
   """What to change: the state's sharding first, or the activations' when they dominate; on a
-  GPU, a larger memory pool too."""
-  batch_option = _batch_option(config)
+  GPU, a larger memory pool too. `experiment`: the config's (workflows/experiments.py), whose
+  batch option is named."""
+  batch_option = experiment.batch_option
   state = (f'shard the parameters and optimizer state over more chips (mesh.fsdp, now '
            f'{mesh_axes["fsdp"]}; or mesh.tensor)')
   remat = (f'recompute activations in the backward pass (model.remat_policy={REMAT_HINT}, now '
-           f'{config.model.get("remat_policy", "none")!r})')
-  batch = (f'lower {batch_option} (now {config.data.get(batch_option.split(".")[1])}) or split '
+           f'{model.remat_policy!r})')
+  batch = (f'lower {batch_option} (now {experiment.batch_setting(config)}) or split '
            'it with train.accumulation_steps')
   options = [state, remat, batch]
   if activations_first:

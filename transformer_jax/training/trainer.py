@@ -24,7 +24,7 @@ from absl import logging
 from transformer_jax import flops, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.sections import RunSections
+from transformer_jax.sections import ModelChoices, RunSections
 from transformer_jax.parallel import sharding
 from transformer_jax.training import elastic, preemption, provenance
 from transformer_jax.training.batch_record import BatchRecord
@@ -150,7 +150,7 @@ class Trainer:
 
   def matmul_reason(self) -> str:
     """Why the model's matmuls run in the dtype they do (model.matmul_dtype's choice)."""
-    setting = self.config.get('model', {}).get('matmul_dtype', None)
+    setting = ModelChoices.of(self.config).matmul_dtype
     platform = self.mesh.devices.flat[0].platform
     choice = precision.resolve(setting, platform)
     mine = self.task.cfg.matmul_dtype

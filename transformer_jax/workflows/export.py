@@ -5,10 +5,11 @@
     tokenizer = AutoTokenizer.from_pretrained('/tmp/sc_hf')      # the same ids as the workdir's
 
 The workdir is read the way the workflow that wrote it reads it: its saved config
-(cli/workdir.load_saved_config), its model config and tokenizer from that workflow's own
-functions (workflows/{lm,bert,translation_model}.py), its params from the latest readable
-checkpoint (training/checkpointing.restore_params_only: the optimizer state is not read, nothing
-is written). convert/export.py knows the Hugging Face side. The family follows from the config,
+(cli/workdir.load_saved_config), the experiment it belongs to (workflows/experiments.py), its
+model config and tokenizer from that experiment's workflow (workflows/{lm,bert,translation_model}.py),
+its params from the latest readable checkpoint
+(training/checkpointing.restore_params_only: the optimizer state is not read, nothing is
+written). convert/export.py knows the Hugging Face side. The family follows from the config,
 before any weight is read:
 
   experiments.lm, GPT-2's switches (learned positions, Pre-LN, biases)  -> gpt2  (GPT2LMHeadModel)
@@ -38,36 +39,11 @@ from transformer_jax.convert import families
 from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows import bert, lm, translation_model
+from transformer_jax.workflows import bert, experiments
 
-
-def kind_of(config) -> str:
-  """The kind of model (convert/families.py) of the experiment that wrote a saved config:
-  experiments.lm a causal LM, experiments.bert an encoder, experiments.translate an
-  encoder-decoder."""
-  data = config.get('data') or {}
-  if config.get('mode') in bert.MODES:
-    return families.ENCODER
-  if 'block_size' in data:
-    return families.CAUSAL_LM
-  if 'batch_tokens' in data:
-    return families.ENCODER_DECODER
-  raise ConfigError('the workdir config is not one experiments.lm, experiments.bert or '
-                    'experiments.translate writes: nothing to export')
-
-
-def model_config(kind: str, config, vocab_size: int):
-  """(the model config the experiment's workflow builds with `vocab_size` entries, the number
-  of segment ids of a BERT-family model, else None)."""
-  if kind == families.CAUSAL_LM:
-    return lm.model_config(config, vocab_size), None
-  if kind == families.ENCODER_DECODER:  # one vocabulary (family_of checks tokenizer.joint)
-    return translation_model.model_config(config, vocab_size, vocab_size), None
-  if config.mode == 'pretrain':
-    return bert.pretrain_model_config(config, vocab_size), bert.segment_types(config)
-  # The model fine-tuning started from, with config.model's overrides (its weights unread).
-  cfg, type_vocab_size = bert.init_model_config(config)
-  return cfg.replace(vocab_size=vocab_size), type_vocab_size
+# The vocabulary of the model checked before any file is read: the switches, not the sizes,
+# decide what HF expresses.
+STAND_IN_VOCAB_SIZE = 256
 
 
 def _byte_level_bert(config) -> bool:
@@ -86,8 +62,7 @@ def family_of(kind: str, cfg, config) -> families.Family:
   """The HF family that computes what `cfg` computes; ConfigError naming the switch that has
   no HF equivalent (the family's exporter then checks the rest)."""
   family = families.exporting(kind, cfg, kind == families.ENCODER and _byte_level_bert(config))
-  if kind == families.ENCODER_DECODER and not (bool(config.tokenizer.joint) and
-                                               cfg.share_embeddings):
+  if kind == families.ENCODER_DECODER and not (config.tokenizer.joint and cfg.share_embeddings):
     raise ConfigError(f'{family.name} has one vocabulary and embedding shared by encoder and '
                       'decoder; this model was trained with tokenizer.joint=False or '
                       'model.share_embeddings=False')
@@ -104,19 +79,8 @@ def _expected_heads(config, type_vocab_size: int) -> dict:
               num_labels=int(config.data.num_labels))
 
 
-def load_tokenizer(kind: str, config, workdir: str):
-  """The workdir's tokenizer, as its workflow loads it (never trained here)."""
-  if kind == families.CAUSAL_LM:
-    return lm.load_tokenizer(config, workdir)
-  if kind == families.ENCODER_DECODER:  # joint (family_of checked): the target's is the vocabulary
-    return translation_model.load_tokenizers(config, workdir)[1]
-  if config.mode == 'pretrain':
-    return bert.pretrain_tokenizer(config, workdir)
-  return bert.finetune_tokenizer(config, workdir)
-
-
-def _embedding_rows(kind: str, params: dict) -> int:
-  name = 'target_embed' if kind == families.ENCODER_DECODER else 'token_embed'
+def _embedding_rows(experiment: experiments.Experiment, params: dict) -> int:
+  name = experiment.embedding
   try:
     return int(np.shape(params[name]['embedding'])[0])
   except (KeyError, TypeError):
@@ -141,18 +105,17 @@ def export_workdir(workdir: str, out_dir: str) -> str:
     raise ConfigError(f'--workdir {workdir} does not exist')
   out_dir = check_out_dir(out_dir)
   config = load_saved_config(workdir)
-  kind = kind_of(config)
-  # Checked with a stand-in vocabulary: the switches, not the sizes, decide what HF expresses.
-  draft, type_vocab_size = model_config(kind, config,
-                                        int((config.get('tokenizer') or {}).get('vocab_size', 256)))
+  experiment = experiments.of_config(config)
+  kind = experiment.kind
+  draft, type_vocab_size = experiment.model_config(config, STAND_IN_VOCAB_SIZE)
   family = family_of(kind, draft, config)
   encoder = family.kind == families.ENCODER
   to_hf, _ = family.exporters(_expected_heads(config, type_vocab_size) if encoder else None)
   to_hf(draft)
-  files = tokenizer_files(load_tokenizer(kind, config, workdir), draft.max_len)
+  files = tokenizer_files(experiment.load_tokenizer(config, workdir), draft.max_len)
   params = restore_params_only(os.path.join(workdir, 'checkpoints'))
-  rows = _embedding_rows(kind, params)
-  cfg, _ = model_config(kind, config, rows)
+  rows = _embedding_rows(experiment, params)
+  cfg, _ = experiment.model_config(config, rows)
   if files.vocab_size > rows:
     raise ConfigError(f'the tokenizer has {files.vocab_size} tokens but the model embedding '
                       f'has {rows} rows: ids >= {rows} would have no embedding')
@@ -165,9 +128,9 @@ def export_workdir(workdir: str, out_dir: str) -> str:
   for key, value in files.special_ids.items():
     if hf_config.get(key) is None:
       hf_config[key] = value
-  prefix = config.data.get('source_prefix', '') if kind == families.ENCODER_DECODER else ''
-  if prefix:  # text-to-text: where T5 checkpoints keep the prefix their sources need
-    hf_config['task_specific_params'] = {'translation': {'prefix': prefix}}
+  task_params = experiment.task_specific_params(config)
+  if task_params:  # text-to-text: where T5 checkpoints keep the prefix their sources need
+    hf_config['task_specific_params'] = task_params
   write_hf_directory(out_dir, hf_config, export_state_dict(cfg, params), files.write)
   logging.info('exported %s (%s) to %s', workdir, family.name, out_dir)
   return family.name

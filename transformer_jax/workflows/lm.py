@@ -34,7 +34,8 @@ from transformer_jax.data import lm as lm_data
 from transformer_jax.data import tokenizer as tok
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.workflows import experiments
+from transformer_jax.workflows.lm_sections import Data, LmSections, Tokenizer
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
 SPM_FILE = 'spm.model'
@@ -43,22 +44,20 @@ BPE_DIR = 'tokenizer'  # a byte-level BPE: HFTokenizer.save's Hugging Face files
 # -- data ---------------------------------------------------------------------------------------
 
 
-def load_documents(config) -> tuple[list[str], list[str]]:
-  """(training documents, validation documents) from the configured source."""
-  data = config.data
+def load_documents(data: Data) -> tuple[list[str], list[str]]:
+  """(training documents, validation documents) from data.source ('file' or 'tfds')."""
   if data.source == 'file':
-    train, valid = lm_data.split_train_val(lm_data.read_text(data.path), float(data.train_fraction))
+    train, valid = lm_data.split_train_val(lm_data.read_text(data.path), data.train_fraction)
     return [train], [valid]
-  if data.source == 'tfds':
-    from transformer_jax.data.tfds_text import load_tfds_train_valid
-    train, valid = load_tfds_train_valid(data)
-    return train, valid
-  raise ConfigError(f"data.source must be 'file' or 'tfds', got {data.source!r}")
+  from transformer_jax.data.tfds_text import load_tfds_train_valid
+  train, valid = load_tfds_train_valid(data)
+  return train, valid
 
 
-def load_tokenizer(config, workdir: str, train_documents: list[str] | None = None):
-  """The workdir's tokenizer; built from the training documents on the first run."""
-  kind = config.tokenizer.type
+def load_tokenizer(tokenizer: Tokenizer, workdir: str, train_documents: list[str] | None = None):
+  """The workdir's tokenizer of tokenizer.type; built from the training documents on the first
+  run."""
+  kind = tokenizer.type
   if kind == 'char':
     path = os.path.join(workdir, CHAR_VOCAB_FILE)
     if train_documents is None:
@@ -71,13 +70,12 @@ def load_tokenizer(config, workdir: str, train_documents: list[str] | None = Non
         raise ConfigError(f'no tokenizer model in {workdir}: train first')
       return iter(train_documents)
 
-    t = config.tokenizer
-    return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, t.vocab_size,
-                                       model_type=t.model_type, max_sentences=t.max_sentences)
-  if kind == 'byte_bpe':
-    return load_or_train_byte_bpe(os.path.join(workdir, BPE_DIR), train_documents,
-                                  int(config.tokenizer.vocab_size))
-  raise ConfigError(f"tokenizer.type must be 'char', 'sentencepiece' or 'byte_bpe', got {kind!r}")
+    return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, tokenizer.vocab_size,
+                                       model_type=tokenizer.model_type,
+                                       max_sentences=tokenizer.max_sentences)
+  # 'byte_bpe' (Tokenizer.check refused any other type)
+  return load_or_train_byte_bpe(os.path.join(workdir, BPE_DIR), train_documents,
+                                tokenizer.vocab_size)
 
 
 def load_or_train_byte_bpe(directory: str, train_documents: list[str] | None,
@@ -128,54 +126,48 @@ def encode(tokenizer, documents: list[str]) -> np.ndarray:
 # -- composition --------------------------------------------------------------------------------
 
 
+def sections_of(config) -> LmSections:
+  """The config's typed sections (lm_sections.py): data, tokenizer, eval, the model and the run's
+  shared ones, each key checked once."""
+  return LmSections.of(config)
+
+
 def model_config(config, vocab_size: int):
   """config.model with the tokenizer's vocabulary; the context length is data.block_size."""
-  return model_config_from_dict(config.model, vocab_size=vocab_size,
-                                max_len=int(config.data.block_size), num_encoder_layers=0)
+  return sections_of(config).model_config(vocab_size)
 
 
-def validate(config):
-  """Every check of a language-model run, before anything is read or written: the model shape
-  (with the requested vocabulary size, before a tokenizer is trained), training switches, the
-  batch against the mesh."""
-  validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
-  check_pack(config)
-  model_config(config, vocab_size=int(config.tokenizer.get('vocab_size', 256)))
-  validation.check_training(config, int(config.data.batch_size))
+def validate(config) -> LmSections:
+  """Every check of a language-model run, before anything is read or written: the sections and
+  the model shape (with the requested vocabulary size, before a tokenizer is trained), training
+  switches, the batch against the mesh. Returns the typed sections the run then reads."""
+  experiments.require(config, experiments.LM)
+  sections = sections_of(config)
+  validation.check_training(config, sections.data.batch_size)
+  return sections
 
 
-def packed(config) -> bool:
-  """config.data.pack (False in configs written before it existed)."""
-  return bool(config.data.get('pack', False))
-
-
-def check_pack(config):
-  """ConfigError unless data.pack=True has documents to segment: segment boundaries are the
-  EOS ids between documents, which only a subword tokenizer's stream has."""
-  if packed(config) and config.tokenizer.type == 'char':
-    raise ConfigError("data.pack=True needs documents (a subword tokenizer whose documents are "
-                      "joined with EOS: tokenizer.type='sentencepiece' or 'byte_bpe'); "
-                      "tokenizer.type='char' reads one character stream without them")
-
-
-def build_task(config, workdir: str, train_documents: list[str] | None = None):
-  """(task, tokenizer) for `config`, the model sized to the tokenizer."""
+def build_task(config, workdir: str, train_documents: list[str] | None = None,
+               sections: LmSections | None = None):
+  """(task, tokenizer) for `config` (read into `sections` unless given), the model sized to the
+  tokenizer."""
   from transformer_jax.tasks.lm import LanguageModelTask
-  tokenizer = load_tokenizer(config, workdir, train_documents)
-  sample = config.eval
-  task = LanguageModelTask(model_config(config, tokenizer.vocab_size), tokenizer=tokenizer,
+  sections = sections or sections_of(config)
+  tokenizer = load_tokenizer(sections.tokenizer, workdir, train_documents)
+  sample = sections.eval
+  task = LanguageModelTask(sections.model_config(tokenizer.vocab_size), tokenizer=tokenizer,
                            eos_id=lm_data.lm_eos_id(tokenizer),
                            sample_prompt=lm_data.prompt_ids(tokenizer, sample.sample_prompt),
-                           sample_tokens=int(sample.sample_tokens),
-                           temperature=float(sample.temperature), top_k=int(sample.top_k),
-                           top_p=float(sample.top_p), sample_seed=int(config.seed))
+                           sample_tokens=sample.sample_tokens, temperature=sample.temperature,
+                           top_k=sample.top_k, top_p=sample.top_p, sample_seed=sections.run.seed)
   return task, tokenizer
 
 
-def build(config, workdir: str, train_documents: list[str] | None = None):
-  """(task, trainer, tokenizer) for `config`, the model sized to the tokenizer."""
+def build(config, workdir: str, train_documents: list[str] | None = None,
+          sections: LmSections | None = None):
+  """(task, trainer, tokenizer) for `config`, as `build_task`."""
   from transformer_jax.training.trainer import Trainer
-  task, tokenizer = build_task(config, workdir, train_documents)
+  task, tokenizer = build_task(config, workdir, train_documents, sections)
   return task, Trainer(config, task, workdir), tokenizer
 
 
@@ -190,53 +182,51 @@ def abstract_task(config, num_devices: int | None = None):
   import jax
   from transformer_jax.tasks.lm import LanguageModelTask
   del num_devices
-  validation.require_keys(config, 'data', ('source', 'block_size', 'batch_size'))
-  check_pack(config)
-  task = LanguageModelTask(model_config(config, int(config.tokenizer.get('vocab_size', 256))))
-  shape = (int(config.data.batch_size), int(config.data.block_size))
+  sections = sections_of(config)
+  task = LanguageModelTask(sections.model)
+  shape = (sections.data.batch_size, sections.data.block_size)
   keys = ['inputs', 'targets']
-  if packed(config):
+  if sections.data.pack:
     keys += ['inputs_segment_ids', 'inputs_positions']
   return task, {k: jax.ShapeDtypeStruct(shape, np.int32) for k in keys}
 
 
-def make_data(config, train_tokens: np.ndarray, valid_tokens: np.ndarray,
+def make_data(sections: LmSections, train_tokens: np.ndarray, valid_tokens: np.ndarray,
               eos_id: int | None = None):
   """(training windows, fixed evaluation batches); with data.pack, both segmented at `eos_id`
   (the EOS that joins the documents: `data.lm.lm_eos_id` of the tokenizer)."""
   import jax
-  data = config.data
-  block, batch = int(data.block_size), int(data.batch_size)
+  data, seed = sections.data, sections.run.seed
+  block, batch = data.block_size, data.batch_size
   pack_eos_id = None
-  if packed(config):
-    check_pack(config)
+  if data.pack:
     if eos_id is None:
       raise ConfigError('data.pack=True needs documents joined with EOS, and this tokenizer has '
                         'no EOS; set data.pack=False')
     pack_eos_id = int(eos_id)
-  train = lm_data.RandomWindows(train_tokens, block_size=block, batch_size=batch,
-                                seed=int(config.seed), process_index=jax.process_index(),
+  train = lm_data.RandomWindows(train_tokens, block_size=block, batch_size=batch, seed=seed,
+                                process_index=jax.process_index(),
                                 process_count=jax.process_count(), pack_eos_id=pack_eos_id)
   # Every process evaluates the same windows; each feeds its own rows of them.
   local = batch // jax.process_count()
   rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-  batches = lm_data.eval_batches(valid_tokens, block, batch, int(data.eval_batches),
-                                 seed=int(config.seed) + 1, pack_eos_id=pack_eos_id)
+  batches = lm_data.eval_batches(valid_tokens, block, batch, data.eval_batches, seed=seed + 1,
+                                 pack_eos_id=pack_eos_id)
   valid = [{k: v[rows] for k, v in b.items()} for b in batches]
   return train, valid
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (or resumes) to train.num_steps; returns the trainer's final metrics."""
-  validate(config)
+  sections = validate(config)
   os.makedirs(workdir, exist_ok=True)
-  train_docs, valid_docs = load_documents(config)
-  task, trainer, tokenizer = build(config, workdir, train_docs)
+  train_docs, valid_docs = load_documents(sections.data)
+  task, trainer, tokenizer = build(config, workdir, train_docs, sections)
   save_config(config, workdir)
   train_tokens, valid_tokens = encode(tokenizer, train_docs), encode(tokenizer, valid_docs)
   logging.info('tokens: %s train, %s validation; vocabulary %d', f'{len(train_tokens):,}',
                f'{len(valid_tokens):,}', tokenizer.vocab_size)
-  train_data, valid_batches = make_data(config, train_tokens, valid_tokens,
+  train_data, valid_batches = make_data(sections, train_tokens, valid_tokens,
                                         lm_data.lm_eos_id(tokenizer))
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   results['params'] = trainer.num_params()
@@ -248,26 +238,28 @@ def restore_for_inference(config, workdir: str):
   """The workdir's model for inference (`trained_model.TrainedModel`: task, params of the latest
   checkpoint, mesh, tokenizer); the params alone are read, and nothing is written."""
   from transformer_jax.training import trained_model
-  validate(config)
-  task, tokenizer = build_task(config, workdir)
+  task, tokenizer = build_task(config, workdir, sections=validate(config))
   return trained_model.restore(config, task, workdir, tokenizer=tokenizer)
 
 
 # -- inference: a trained workdir or an imported Hugging Face model -----------------------------
 
-LM_TOKENIZERS = ('char', 'sentencepiece', 'byte_bpe')
-
 
 def check_lm_workdir(config, workdir: str):
-  """ConfigError unless `workdir` was trained by experiments.lm and holds a checkpoint.
+  """ConfigError unless `workdir` was trained by experiments.lm (its config is a language
+  model's: workflows/experiments.py) and holds a checkpoint.
 
   Checked before anything is read, so that a wrong workdir reads as one line.
   """
-  data, tokenizer = config.get('data') or {}, config.get('tokenizer') or {}
-  if 'block_size' not in data or tokenizer.get('type') not in LM_TOKENIZERS:
-    kind = tokenizer.get('type') or 'none'
-    raise ConfigError(f'{workdir} is not a language-model workdir (its config has tokenizer.type '
-                      f'{kind!r} and no data.block_size): pass a workdir trained by experiments.lm')
+  try:
+    trained_by = experiments.of_config(config)
+  except ConfigError as error:
+    raise ConfigError(f'{workdir} is not a language-model workdir ({error}): pass a workdir '
+                      'trained by experiments.lm') from None
+  if trained_by.name != experiments.LM:
+    raise ConfigError(f'{workdir} is not a language-model workdir (its config has experiment '
+                      f'{trained_by.name!r}, trained by {trained_by.command}): pass a workdir '
+                      'trained by experiments.lm')
   checkpoints = os.path.join(workdir, 'checkpoints')
   if not os.path.isdir(checkpoints) or not any(name.isdigit() for name in os.listdir(checkpoints)):
     raise ConfigError(f'no checkpoint in {checkpoints}: train it with experiments.lm first')
