@@ -277,3 +277,24 @@ def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
   assert results['step'] == 2 and np.isfinite(results['eval_loss'])
   vocab = lm_data.CharTokenizer.load(str(tmp_path / 'tokenizer.json'))
   assert vocab.chars == sorted(set(train_docs[0]))
+
+
+def test_lm_sections_are_typed_once_and_name_a_wrong_key():
+  """workflows/lm_sections.py: every LM config reads into its sections; a typo or a value out of
+  range is one ConfigError line naming the key."""
+  from experiments.configs import gpt2_small, llama_shakespeare, shakespeare_char
+  from transformer_jax.workflows import lm
+  for module in (shakespeare_char, llama_shakespeare, gpt2_small):
+    config = module.get_config()
+    sections = lm.sections_of(config)
+    assert sections.data.block_size == config.data.block_size == sections.model.max_len
+    assert isinstance(sections.eval.top_p, float) and sections.run.seed == config.seed
+  config = shakespeare_char.get_config()
+  config.data.block_sise = 8
+  with pytest.raises(ConfigError, match="section 'data' has no key 'block_sise'; did you mean "
+                     'block_size'):
+    lm.validate(config)
+  config = shakespeare_char.get_config()
+  config.eval.top_p = 0.0
+  with pytest.raises(ConfigError, match=r'eval: need .*0 < top_p <= 1'):
+    lm.sections_of(config)

@@ -79,3 +79,13 @@ def test_optimizer_and_distributed_check_their_choices():
     sections.Optimizer.of({'schedule': 'noam'}, 'optimizer')
   with pytest.raises(ConfigError, match="distributed.mode must be one of .*got 'sometimes'"):
     sections.Distributed.of({'mode': 'sometimes'}, 'distributed')
+
+
+def test_model_choices_read_the_few_model_settings_the_checks_need():
+  config = ml_collections.ConfigDict({'model': {'dtype': 'bfloat16', 'emb_dim': 64}})
+  choices = sections.ModelChoices.of(config)
+  assert choices == sections.ModelChoices(dtype='bfloat16')  # the rest: TransformerConfig's
+  assert sections.ModelChoices.of({}).attention_implementation == 'auto'
+  assert sections.ModelChoices.of({'model': {'matmul_dtype': None}}).matmul_dtype is None
+  with pytest.raises(ConfigError, match='model.attention_implementation must be a string'):
+    sections.ModelChoices.of({'model': {'attention_implementation': 3}})
