@@ -6,8 +6,8 @@
 
 The workdir is read the way the workflow that wrote it reads it: its saved config
 (cli/workdir.load_saved_config), the experiment it belongs to (workflows/experiments.py), its
-model config and tokenizer from that experiment's workflow (workflows/{lm,bert,translation_model}.py),
-its params from the latest readable checkpoint
+model config and tokenizer from that experiment's workflow modules (workflows/lm.py, bert*.py,
+translation_model.py), its params from the latest readable checkpoint
 (training/checkpointing.restore_params_only: the optimizer state is not read, nothing is
 written). convert/export.py knows the Hugging Face side. The family follows from the config,
 before any weight is read:
