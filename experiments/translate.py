@@ -36,6 +36,7 @@ from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import load_saved_config, prepare_workdir
 from transformer_jax.errors import ConfigError
 from transformer_jax.workflows import translation
+from transformer_jax.workflows.translation_sections import Translation
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (Python).',
                                           lock_config=True)
@@ -70,19 +71,20 @@ def main(argv):
       raise ConfigError('--config is required for training, e.g. '
                         '--config=experiments/configs/translate_quickstart.py')
     config = load_saved_config(workdir)
+  run = Translation.of(config)  # read once: a typo or a wrong type is one line, before any work
   if _MODE.value == 'train':
-    results = translation.train_and_evaluate(config, workdir)
+    results = translation.train_and_evaluate(run, workdir)
     logging.info('done: %s',
                  {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()})
   elif _MODE.value == 'evaluate':
-    if not config.eval.test_prefix:
+    if not run.eval.test_prefix:
       raise ConfigError(
           '--mode=evaluate needs --config=CONFIG --config.eval.test_prefix=PREFIX (e.g. '
           'test_2016_flickr)')
-    model = translation.restore_for_inference(config, workdir)
-    translation.evaluate_test_set(config, workdir, model.task, model.mesh, model.params)
+    model = translation.restore_for_inference(run, workdir)
+    translation.evaluate_test_set(run, workdir, model.task, model.mesh, model.params)
   else:
-    translate_text(config, workdir)
+    translate_text(run, workdir)
 
 
 if __name__ == '__main__':

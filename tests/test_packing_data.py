@@ -290,10 +290,12 @@ def test_workflow_validates_data_pack(tiny_config):
   with pytest.raises(ConfigError, match="data.pack must be True or False, got 'yes'"):
     translation.validate(config)
   # Span corruption's chunks fill the rows already: the switch does not apply to it.
-  assert translation.data_pack(tiny_config(data__pack=True, data__task='span_corruption')) is False
+  from transformer_jax.workflows.translation_sections import Translation
+  span = tiny_config(data__pack=True, data__task='span_corruption')
+  assert Translation.of(span).data.packed is False
   legacy = tiny_config()
   del legacy.data['pack']  # a config saved before packing existed
-  assert translation.data_pack(legacy) is False
+  assert Translation.of(legacy).data.packed is False
 
 
 def test_abstract_task_gives_the_packed_shape(tiny_config):

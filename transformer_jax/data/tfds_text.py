@@ -6,6 +6,7 @@ the functions because importing TensorFlow takes seconds, and most runs (toy
 corpus, text files) never need it.
 """
 
+import typing
 from typing import Any
 
 from absl import logging
@@ -118,12 +119,22 @@ def load_tfds_text(name: str, split: str, *, feature: str = 'text', data_dir: st
   return kept
 
 
-def load_tfds_train_valid(data) -> tuple[list[str], list[str]]:
-  """(train texts, validation texts) named by a config's data section: tfds_name, tfds_feature,
-  tfds_data_dir, train_split/valid_split and max_train_examples/max_valid_examples (0 = all)."""
+class TfdsSplits(typing.Protocol):
+  """What `load_tfds_train_valid` reads of a data section: the fields of the experiment's typed
+  data record (workflows/*_sections.py), so the counts arrive as ints."""
+  tfds_name: str
+  tfds_feature: str
+  tfds_data_dir: str  # '' = the TFDS default
+  train_split: str
+  valid_split: str
+  max_train_examples: int  # 0 = all
+  max_valid_examples: int  # 0 = all
+
+
+def load_tfds_train_valid(data: TfdsSplits) -> tuple[list[str], list[str]]:
+  """(train texts, validation texts) of the TFDS corpus a data section names."""
   kwargs = dict(feature=data.tfds_feature, data_dir=data.tfds_data_dir or None)
-  train = load_tfds_text(data.tfds_name, data.train_split,
-                         max_examples=int(data.max_train_examples) or None, **kwargs)
-  valid = load_tfds_text(data.tfds_name, data.valid_split,
-                         max_examples=int(data.max_valid_examples) or None, **kwargs)
+  train_limit, valid_limit = data.max_train_examples or None, data.max_valid_examples or None
+  train = load_tfds_text(data.tfds_name, data.train_split, max_examples=train_limit, **kwargs)
+  valid = load_tfds_text(data.tfds_name, data.valid_split, max_examples=valid_limit, **kwargs)
   return train, valid

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from transformer_jax.parallel import sharding
+from transformer_jax.sections import Mesh, section_of
 from transformer_jax.training import checkpointing, train_step
 
 
@@ -32,7 +33,7 @@ def restore(config, task, workdir: str, *, tokenizer=None) -> TrainedModel:
   """`task` with the params of the latest readable checkpoint in `workdir`, placed on the mesh
   of `config` as training places them. ConfigError if there is no checkpoint, or the
   checkpoint's shapes are not `task`'s model."""
-  mesh = sharding.make_mesh(config.get('mesh', None))
+  mesh = sharding.make_mesh(section_of(config, 'mesh', Mesh).as_dict())
   params = checkpointing.restore_params_only(os.path.join(workdir, 'checkpoints'),
                                              train_step.abstract_params(task, mesh))
   return TrainedModel(task=task, params=params, mesh=mesh, tokenizer=tokenizer)

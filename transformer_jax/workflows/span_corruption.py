@@ -14,34 +14,26 @@ from absl import logging
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import batching, span_corruption, text
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.workflows.translation_model import build, load_tokenizers, num_sentinels
+from transformer_jax.workflows.translation_model import build, load_tokenizers
+from transformer_jax.workflows.translation_sections import Translation
 
 # Held-out chunks are corrupted with this stream; training epochs use (seed, epoch).
 _VALID_STREAM = 2**32 - 1
 _ENCODE_CHUNK = 8192  # lines tokenized at a time (SentencePiece's threads; bounded memory)
 
 
-def noise_settings(config) -> dict:
-  """Span corruption's noise_density and mean_noise_span_length (T5's 0.15 and 3 by default)."""
-  data = config.data
-  return dict(
-      noise_density=float(data.get('noise_density', span_corruption.NOISE_DENSITY)),
-      mean_noise_span_length=float(
-          data.get('mean_noise_span_length', span_corruption.MEAN_NOISE_SPAN_LENGTH)))
-
-
 def load_text(config) -> tuple[list[str], list[str]]:
   """Span corruption's (training lines, held-out lines): the non-empty lines of data.text_path,
   and those of data.valid_text_path or else the last data.valid_fraction of them (the end of
   the text, so no passage is in both)."""
-  data = config.data
+  data = Translation.of(config).data
   lines = [
       line for line in text.read_lines(data.text_path, skip_invalid_utf8=data.skip_invalid_utf8)
       if line
   ]
   if not lines:
     raise DataError(f'{data.text_path} has no text to pretrain on (every line is empty)')
-  valid_path = data.get('valid_text_path', '')
+  valid_path = data.valid_text_path
   if valid_path:
     valid = [
         line for line in text.read_lines(valid_path, skip_invalid_utf8=data.skip_invalid_utf8)
@@ -50,7 +42,7 @@ def load_text(config) -> tuple[list[str], list[str]]:
     if not valid:
       raise DataError(f'{valid_path} (data.valid_text_path) has no text (every line is empty)')
     return lines, valid
-  fraction = float(data.get('valid_fraction', 0.05))
+  fraction = data.valid_fraction
   held_out = max(1, round(len(lines) * fraction))
   if held_out >= len(lines):
     raise DataError(f'{data.text_path} has {len(lines)} non-empty lines: too few to hold out '
@@ -61,8 +53,9 @@ def load_text(config) -> tuple[list[str], list[str]]:
 
 def text_chunks(config, tokenizer, lines: list[str]) -> list:
   """The lines' token ids packed into chunks whose corrupted inputs fill data.max_len."""
+  data = Translation.of(config).data
   base = getattr(tokenizer, 'base', tokenizer)  # plain text: '<extra_id_0>' in it is just text
-  length = span_corruption.chunk_length(int(config.data.max_len), **noise_settings(config))
+  length = span_corruption.chunk_length(data.max_len, **data.noise)
   documents = (ids for start in range(0, len(lines), _ENCODE_CHUNK)
                for ids in base.encode_batch(lines[start:start + _ENCODE_CHUNK]))
   return span_corruption.pack_and_split(documents, length)
@@ -70,27 +63,27 @@ def text_chunks(config, tokenizer, lines: list[str]) -> list:
 
 def validate_span_corruption(config):
   """The span-corruption settings, before any text is read."""
-  data, count = config.data, num_sentinels(config)
+  run = Translation.of(config)
+  data, count = run.data, run.tokenizer.num_sentinels
   if count < 1:
     raise ConfigError('data.task=span_corruption needs sentinel ids: set tokenizer.num_sentinels '
                       '(T5 has 100)')
-  if not config.tokenizer.joint:
+  if not run.tokenizer.joint:
     raise ConfigError('data.task=span_corruption needs one vocabulary for inputs and targets: '
                       'set tokenizer.joint=True')
-  if not data.get('text_path', ''):
+  if not data.text_path:
     raise ConfigError('data.text_path is empty: pass --config.data.text_path=FILE, a UTF-8 text '
                       'file (.gz too) to pretrain on')
-  if data.get('source_prefix', ''):
+  if data.source_prefix:
     raise ConfigError('data.source_prefix is for text-to-text translation; span corruption makes '
                       "its own inputs: set it to ''")
-  if config.eval.test_prefix:
+  if run.eval.test_prefix:
     raise ConfigError('eval.test_prefix names a translation test split; span corruption has '
                       "none (it validates on held-out text): set it to ''")
-  if not data.get('valid_text_path', '') and not 0 < float(data.get('valid_fraction', 0.05)) < 1:
+  if not data.valid_text_path and not 0 < data.valid_fraction < 1:
     raise ConfigError(f'data.valid_fraction must be in (0, 1), got {data.valid_fraction}')
-  noise = noise_settings(config)
-  length = span_corruption.chunk_length(int(data.max_len), **noise)
-  _, spans = span_corruption.noise_counts(length, **noise)
+  length = span_corruption.chunk_length(data.max_len, **data.noise)
+  _, spans = span_corruption.noise_counts(length, **data.noise)
   if spans + 1 > count:  # + 1: a final sentinel when a chunk ends with kept tokens
     raise ConfigError(f'chunks of {length} tokens (data.max_len={data.max_len}) have {spans} '
                       f'noise spans but tokenizer.num_sentinels={count}: raise num_sentinels to '
@@ -106,22 +99,23 @@ def span_corruption_data(config, workdir: str):
   written '<extra_id_i>') are what the task decodes for its BLEU and the sample fill-ins in the
   log.
   """
-  data = config.data
-  train_lines, valid_lines = load_text(config)
-  tokenizers = load_tokenizers(config, workdir, (train_lines, ()))
+  run = Translation.of(config)
+  data = run.data
+  train_lines, valid_lines = load_text(run)
+  tokenizers = load_tokenizers(run, workdir, (train_lines, ()))
   tokenizer = tokenizers[1]
-  train_chunks = text_chunks(config, tokenizer, train_lines)
+  train_chunks = text_chunks(run, tokenizer, train_lines)
   if data.max_train_examples:
     train_chunks = train_chunks[:data.max_train_examples]
-  valid_chunks = text_chunks(config, tokenizer, valid_lines)
-  corrupt = dict(vocab_size=tokenizer.vocab_size, num_sentinels=num_sentinels(config),
-                 **noise_settings(config))
-  valid_src, valid_tgt = span_corruption.corrupt_chunks(valid_chunks, (config.seed, _VALID_STREAM),
+  valid_chunks = text_chunks(run, tokenizer, valid_lines)
+  corrupt = dict(vocab_size=tokenizer.vocab_size, num_sentinels=run.tokenizer.num_sentinels,
+                 **data.noise)
+  valid_src, valid_tgt = span_corruption.corrupt_chunks(valid_chunks, (run.seed, _VALID_STREAM),
                                                         **corrupt)
-  shown = config.eval.bleu_sentences or len(valid_src)
+  shown = run.eval.bleu_sentences or len(valid_src)
   valid_pairs = (tokenizer.decode_batch(valid_src[:shown]),
                  tokenizer.decode_batch(valid_tgt[:shown]))
-  task, trainer, _ = build(config, workdir, valid_pairs=valid_pairs, tokenizers=tokenizers)
+  task, trainer, _ = build(run, workdir, valid_pairs=valid_pairs, tokenizers=tokenizers)
 
   import jax
   from transformer_jax.parallel.sharding import data_parallel_size
@@ -130,22 +124,22 @@ def span_corruption_data(config, workdir: str):
                       process_index=jax.process_index(), process_count=jax.process_count())
   ways = data_parallel_size(trainer.mesh)
   # Targets are ~a quarter of the inputs' length: batches carry only the columns they need.
-  targets_length = span_corruption.targets_length(int(data.max_len), **noise_settings(config))
+  targets_length = span_corruption.targets_length(data.max_len, **data.noise)
   # Rows rounded to the run's first layout (kept when resumed on another: training/elastic.py).
-  train_data = span_corruption.SpanCorruptionBatcher(train_chunks, seed=config.seed,
+  train_data = span_corruption.SpanCorruptionBatcher(train_chunks, seed=run.seed,
                                                      multiple_of=trainer.batch_multiple,
                                                      targets_length=targets_length, **corrupt,
                                                      **batch_kwargs)
   trainer.check_batch_rows(train_data.global_rows)  # before the first write
-  save_config(config, workdir)
+  save_config(run.config, workdir)
   valid_data = span_corruption.CroppedTargets(
-      batching.BucketedBatcher(valid_src, valid_tgt, seed=config.seed, shuffle=False,
-                               multiple_of=ways, **batch_kwargs), targets_length)
+      batching.BucketedBatcher(valid_src, valid_tgt, seed=run.seed, shuffle=False, multiple_of=ways,
+                               **batch_kwargs), targets_length)
   logging.info(
       'span corruption: %d training chunks of <= %d tokens (%d lines) in %d batches/epoch of '
       '%d-token inputs and %d-token targets, masks drawn anew each epoch; valid: %d chunks (%d '
       'lines); vocabulary %d + %d sentinels', len(train_chunks),
-      span_corruption.chunk_length(int(data.max_len), **noise_settings(config)), len(train_lines),
+      span_corruption.chunk_length(data.max_len, **data.noise), len(train_lines),
       train_data.num_batches_per_epoch, data.max_len, targets_length, len(valid_chunks),
       len(valid_lines), tokenizer.base.vocab_size, tokenizer.num_sentinels)
   return task, trainer, train_data, valid_data, valid_pairs

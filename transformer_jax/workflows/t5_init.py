@@ -10,9 +10,11 @@ saved config holds the resolved model and tokenizer sections, so --mode=translat
 need nothing but the workdir, and the pretrained params replace the fresh ones at step 0 only: a
 rerun resumes from its own checkpoints without reading W or D again.
 
-workflows/translation.py calls these; the fine-tuned model's config and the init source come
-from workflows/translation_model.py, init.workdir's params straight from its checkpoint (params
-only: no model, optimizer or trainer is built to read them).
+workflows/translation.py calls these; the fine-tuned model's config comes from
+workflows/translation_model.py, the init source from the config's record
+(workflows/translation_sections.py), init.workdir's params straight from its checkpoint (params
+only: no model, optimizer or trainer is built to read them). The functions that rewrite a config
+with the init source's sections return it read again, as a record.
 """
 
 import dataclasses
@@ -26,9 +28,8 @@ from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
-from transformer_jax.workflows.translation_model import (HF_DIR, HF_TOKENIZER_DIR, SPM_MODEL,
-                                                         WORKDIR, init_source, model_config,
-                                                         num_sentinels, requested_vocab_size)
+from transformer_jax.workflows.translation_model import HF_TOKENIZER_DIR, SPM_MODEL, model_config
+from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Translation
 
 # Copied from init.hf_dir into the workdir, settings first and models last: a half-finished
 # copy has no model file and is copied again. config.json names the special ids (as
@@ -87,12 +88,12 @@ def _model_section(cfg: TransformerConfig, runtime) -> dict:
   return values
 
 
-def _check_same_model(config, reference, vocab_size: int, where: str):
+def _check_same_model(run: Translation, reference, vocab_size: int, where: str):
   """ConfigError naming every field where config.model describes other parameters than
   `reference` (a model section) for the same vocabulary, with the flags that fix it."""
-  sized = lambda section: model_config_from_dict(section, vocab_size=vocab_size, max_len=config.data
-                                                 .max_len)
-  mine, theirs = sized(config.model), sized(reference)
+  sized = lambda section: model_config_from_dict(section, vocab_size=vocab_size, max_len=run.data.
+                                                 max_len)
+  mine, theirs = sized(run.model), sized(reference)
   differ = {
       f.name: (getattr(mine, f.name), getattr(theirs, f.name))
       for f in dataclasses.fields(mine)
@@ -119,8 +120,8 @@ def _not_t5(cfg: TransformerConfig) -> dict:
   return wrong
 
 
-def _pretrained_workdir_config(path: str):
-  """The saved config of init.workdir `path` after checking that it holds a T5 of this
+def _pretrained_workdir_config(path: str) -> Translation:
+  """The saved config of init.workdir `path`, read, after checking that it holds a T5 of this
   workflow with a joint SentencePiece model and a checkpoint (reading config files only)."""
   from transformer_jax.cli.workdir import load_saved_config
   if not os.path.isdir(path):
@@ -133,8 +134,8 @@ def _pretrained_workdir_config(path: str):
   if not all(k in saved for k in ('model', 'tokenizer', 'data')) or 'joint' not in saved.tokenizer:
     raise ConfigError(f'init.workdir {path} was not trained by experiments.translate (its config '
                       'has no model, tokenizer and data sections of that workflow)')
-  vocab = int(saved.tokenizer.vocab_size) + num_sentinels(saved)
-  wrong = _not_t5(model_config_from_dict(saved.model, vocab_size=vocab))
+  saved = Translation.of(saved)
+  wrong = _not_t5(model_config_from_dict(saved.model, vocab_size=saved.tokenizer.model_vocab_size))
   if wrong:
     raise ConfigError(f'init.workdir {path} is not a T5: its model has '
                       f'{", ".join(f"{k}={v!r}" for k, v in wrong.items())}; fine-tuning starts '
@@ -172,30 +173,29 @@ def _hf_model_config(path: str) -> TransformerConfig:
   return family.converter.config_from_hf(hf_config)
 
 
-def _with_workdir_source(config, saved, vocab_size: int):
-  """`config` taking init.workdir's tokenizer section (its spm.model and sentinels), once
+def _with_workdir_source(run: Translation, saved: Translation, vocab_size: int) -> Translation:
+  """`run` taking init.workdir's tokenizer section (its spm.model and sentinels), once
   config.model is checked to describe the same parameters as `saved`'s."""
-  _check_same_model(config, saved.model, vocab_size, f'init.workdir {config.init.workdir}')
-  config = _copy(config)
-  config.tokenizer = _copy(saved.tokenizer)
-  config.tokenizer.vocab_size = vocab_size - num_sentinels(saved)  # spm.model's own size
-  return config
+  _check_same_model(run, saved.model, vocab_size, f'init.workdir {run.init.workdir}')
+  config = _copy(run.config)
+  config.tokenizer = _copy(saved.config.tokenizer)
+  config.tokenizer.vocab_size = vocab_size - saved.tokenizer.num_sentinels  # spm.model's own
+  return Translation.of(config)
 
 
-def _with_hf_source(config, cfg: TransformerConfig, tokenizer_size: int):
-  """`config` whose model section is the HF checkpoint's `cfg` (config.model's RUNTIME_FIELDS
+def _with_hf_source(run: Translation, cfg: TransformerConfig, tokenizer_size: int) -> Translation:
+  """`run` whose model section is the HF checkpoint's `cfg` (config.model's RUNTIME_FIELDS
   kept) and whose tokenizer section describes its tokenizer (sentinels already in it)."""
   import ml_collections
-  runtime = dict(config.model)
-  config = _copy(config)
-  config.model = ml_collections.ConfigDict(_model_section(cfg, runtime))
+  config = _copy(run.config)
+  config.model = ml_collections.ConfigDict(_model_section(cfg, run.model))
   config.tokenizer.update(dict(vocab_size=int(tokenizer_size), num_sentinels=0, joint=True))
-  return config
+  return Translation.of(config)
 
 
-def init_config(config, workdir: str):
-  """(the run's config, Pretrained) for a config with init.*: the pretrained model's tokenizer
-  and model sections in the config, its tokenizer files and params loaded and checked.
+def init_config(config, workdir: str) -> tuple[Translation, 'Pretrained']:
+  """(the run's config read, Pretrained) for a config with init.*: the pretrained model's
+  tokenizer and model sections in the config, its tokenizer files and params loaded and checked.
   Everything is read and checked here and nothing is written, so bad input leaves the
   workdir untouched.
 
@@ -203,14 +203,15 @@ def init_config(config, workdir: str):
   gives only the RUNTIME_FIELDS and, for init.workdir, must still agree), and nothing of the
   init source is read.
   """
-  kind, path = init_source(config)
+  run = Translation.of(config)
+  kind, path = run.init.source
   if _checkpoint_steps(workdir):
-    return resumed_config(config, workdir), Pretrained(kind, path, {})
+    return resumed_config(run, workdir), Pretrained(kind, path, {})
   if kind == WORKDIR:
     saved = _pretrained_workdir_config(path)
     base = tok.Tokenizer.from_file(os.path.join(path, SPM_MODEL))
-    vocab = base.vocab_size + num_sentinels(saved)
-    config = _with_workdir_source(config, saved, vocab)
+    vocab = base.vocab_size + saved.tokenizer.num_sentinels
+    run = _with_workdir_source(run, saved, vocab)
     with open(os.path.join(path, SPM_MODEL), 'rb') as f:
       files = {SPM_MODEL: f.read()}
     params = _workdir_params(path)
@@ -224,36 +225,37 @@ def init_config(config, workdir: str):
                         'config.json): the tokenizer does not belong to this checkpoint')
     imported = hf_t5.load(path)
     cfg, params = imported.config, imported.params
-    config = _with_hf_source(config, cfg, tokenizer.vocab_size)
+    run = _with_hf_source(run, cfg, tokenizer.vocab_size)
     files = {}
     for name in _HF_TOKENIZER_FILES:
       if os.path.isfile(os.path.join(path, name)):
         with open(os.path.join(path, name), 'rb') as f:
           files[name] = f.read()
-  vocab = requested_vocab_size(config)  # the tokenizer's size, no file read
-  _check_fits(model_config(config, vocab, vocab), params, kind, path)
+  vocab = run.tokenizer.model_vocab_size  # the tokenizer's size, no file read
+  _check_fits(model_config(run, vocab, vocab), params, kind, path)
   logging.info('fine-tuning from init.%s %s: %s', kind, path,
-               ', '.join(f'{k}={v}' for k, v in sorted(dict(config.model).items())))
-  return config, Pretrained(kind, path, files, params)
+               ', '.join(f'{k}={v}' for k, v in sorted(run.model.items())))
+  return run, Pretrained(kind, path, files, params)
 
 
-def resumed_config(config, workdir: str):
-  """`config` with the model and tokenizer sections a fine-tuning workdir saved (the first
-  run resolved them); config.model's RUNTIME_FIELDS still apply."""
+def resumed_config(config, workdir: str) -> Translation:
+  """`config` (read) with the model and tokenizer sections a fine-tuning workdir saved (the
+  first run resolved them); config.model's RUNTIME_FIELDS still apply."""
   from transformer_jax.cli.workdir import load_saved_config
-  saved = load_saved_config(workdir)
-  if init_source(config) != init_source(saved):
+  run = Translation.of(config)
+  saved = Translation.of(load_saved_config(workdir))
+  if run.init.source != saved.init.source:
     logging.warning(
         'init.%s=%s is not read: %s resumes from its checkpoints (an init applies at '
-        'step 0 only)', *init_source(config), workdir)
-  if init_source(config)[0] == WORKDIR:
-    _check_same_model(config, saved.model, requested_vocab_size(saved), f'{workdir} (resumed)')
-  runtime = {k: v for k, v in dict(config.model).items() if k in RUNTIME_FIELDS}
-  config = _copy(config)
-  config.model = _copy(saved.model)
+        'step 0 only)', *run.init.source, workdir)
+  if run.init.kind == WORKDIR:
+    _check_same_model(run, saved.model, saved.tokenizer.model_vocab_size, f'{workdir} (resumed)')
+  runtime = {k: v for k, v in run.model.items() if k in RUNTIME_FIELDS}
+  config = _copy(run.config)
+  config.model = _copy(saved.config.model)
   config.model.update(runtime)
-  config.tokenizer = _copy(saved.tokenizer)
-  return config
+  config.tokenizer = _copy(saved.config.tokenizer)
+  return Translation.of(config)
 
 
 def _workdir_params(path: str) -> dict:
@@ -328,15 +330,16 @@ def start_state(trainer, train_data, pretrained: Pretrained):
   return state
 
 
-def planned_config(config):
-  """`config` with the model and tokenizer sections of its init source's config file (the
-  planner's view: neither weights nor tokenizer are read); unchanged without init.*."""
-  kind, path = init_source(config)
+def planned_config(config) -> Translation:
+  """`config` (read) with the model and tokenizer sections of its init source's config file
+  (the planner's view: neither weights nor tokenizer are read); unchanged without init.*."""
+  run = Translation.of(config)
+  kind, path = run.init.source
   if kind == WORKDIR:
     from transformer_jax.cli.workdir import load_saved_config
-    saved = load_saved_config(path)
-    return _with_workdir_source(config, saved, requested_vocab_size(saved))
+    saved = Translation.of(load_saved_config(path))
+    return _with_workdir_source(run, saved, saved.tokenizer.model_vocab_size)
   if kind == HF_DIR:
     cfg = _hf_model_config(path)
-    return _with_hf_source(config, cfg, cfg.vocab_size)
-  return config
+    return _with_hf_source(run, cfg, cfg.vocab_size)
+  return run

@@ -20,7 +20,9 @@ changes.
 The layers, top down: this module composes the data, the recipes and the model;
 workflows/span_corruption.py and workflows/t5_init.py import what they need of the model from
 workflows/translation_model.py (tokenizers, model config, task and trainer), which imports
-neither. No function is passed down to be called back.
+neither. No function is passed down to be called back. Every function takes the ml_collections
+config or its record (workflows/translation_sections.py): `train_and_evaluate` and the command
+line read the config once and pass the record down.
 """
 
 import os
@@ -34,44 +36,22 @@ from transformer_jax.data.numbers import make_numbers_splits
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.model_config import model_config_from_dict
-from transformer_jax.workflows.span_corruption import (noise_settings, span_corruption_data,
-                                                       validate_span_corruption)
+from transformer_jax.sections import Mesh, Train, section_of
+from transformer_jax.workflows.span_corruption import span_corruption_data, validate_span_corruption
 from transformer_jax.workflows.t5_init import (init_config, planned_config, resumed_config,
                                                start_state, write_init_tokenizer)
-from transformer_jax.workflows.translation_model import (build, build_task, init_source,
-                                                         model_config, requested_vocab_size)
-
-TRANSLATION, SPAN_CORRUPTION = 'translation', 'span_corruption'
-
-
-def data_task(config) -> str:
-  """config.data.task: 'translation' (parallel text) or 'span_corruption' (plain text)."""
-  task = config.data.get('task', TRANSLATION)
-  if task not in (TRANSLATION, SPAN_CORRUPTION):
-    raise ConfigError(f"data.task must be '{TRANSLATION}' or '{SPAN_CORRUPTION}', got {task!r}")
-  return task
-
-
-def data_pack(config) -> bool:
-  """config.data.pack: several pairs per row of one length (data/packing.py), or buckets.
-
-  Configs saved before packing existed have no such key: buckets. Span corruption's chunks
-  already fill data.max_len, so it ignores the switch (packing would only add segment ids).
-  """
-  pack = config.data.get('pack', False)
-  if not isinstance(pack, bool):
-    raise ConfigError(f'data.pack must be True or False, got {pack!r}')
-  return pack and data_task(config) != SPAN_CORRUPTION
-
+from transformer_jax.workflows.translation_model import build, build_task, model_config
+from transformer_jax.workflows.translation_sections import TRANSLATION, Translation
 
 # -- data ---------------------------------------------------------------------------------------
 
 
 def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
   """Source/target sentences of one split, from the configured source."""
-  data = config.data
+  run = Translation.of(config)
+  data = run.data
   if data.source == 'numbers':
-    splits = make_numbers_splits(seed=config.seed)
+    splits = make_numbers_splits(seed=run.seed)
     names = {data.train_prefix: 'train', data.valid_prefix: 'valid', 'test': 'test'}
     if prefix not in names:
       raise ConfigError(f'the numbers corpus has splits {sorted(names)}, not {prefix!r}')
@@ -98,18 +78,19 @@ def validate(config):
   The model is checked with the requested vocabulary size: the real one is only known once
   the tokenizer exists, and checking first means a bad width or head count fails in seconds,
   not after reading the data and training a tokenizer. Batches are sized by the batcher to a
-  multiple of data x fsdp (x accumulation steps), so no batch size is checked here.
+  multiple of data x fsdp (x accumulation steps), so no batch size is checked here. Returns
+  the config's record.
   """
-  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
-  data_pack(config)
-  if data_task(config) == SPAN_CORRUPTION:
-    validate_span_corruption(config)
-  if init_source(config)[0] and data_task(config) != TRANSLATION:
+  run = Translation.of(config)
+  if run.data.span_corruption:
+    validate_span_corruption(run)
+  if run.init.kind and run.data.task != TRANSLATION:
     raise ConfigError('init.workdir / init.hf_dir fine-tune a pretrained T5 text to text: they '
-                      f"need data.task='{TRANSLATION}' (parallel text), not {data_task(config)!r}")
-  model_config_from_dict(config.model, vocab_size=requested_vocab_size(config),
-                         max_len=config.data.max_len)
-  validation.check_training(config)
+                      f"need data.task='{TRANSLATION}' (parallel text), not {run.data.task!r}")
+  model_config_from_dict(run.model, vocab_size=run.tokenizer.model_vocab_size,
+                         max_len=run.data.max_len)
+  validation.check_training(run.config)
+  return run
 
 
 def abstract_task(config, num_devices: int | None = None):
@@ -129,28 +110,27 @@ def abstract_task(config, num_devices: int | None = None):
   import numpy as np
   from transformer_jax.parallel import sharding
   from transformer_jax.tasks.translation import TranslationTask
-  validation.require_keys(config, 'data', ('source', 'max_len', 'batch_tokens', 'buckets'))
-  config = planned_config(config)
-  vocab = requested_vocab_size(config)
-  model_cfg = model_config(config, vocab, vocab)
-  task = TranslationTask(model_cfg, label_smoothing=config.loss.label_smoothing)
+  run = planned_config(config)
+  vocab = run.tokenizer.model_vocab_size
+  model_cfg = model_config(run, vocab, vocab)
+  task = TranslationTask(model_cfg, label_smoothing=run.loss.label_smoothing)
   num_devices = jax.device_count() if num_devices is None else num_devices
-  data, fsdp, _ = sharding.mesh_shape(dict(config.get('mesh', None) or {'data': -1}), num_devices)
-  multiple_of = data * fsdp * int(config.train.get('accumulation_steps', 1))
-  if data_pack(config):
-    length = packing.row_length(int(config.data.max_len))
-    rows = packing.rows_per_batch(int(config.data.batch_tokens), length, multiple_of)
+  mesh = section_of(run.config, 'mesh', Mesh)
+  data, fsdp, _ = sharding.mesh_shape(mesh.as_dict(), num_devices)
+  multiple_of = data * fsdp * section_of(run.config, 'train', Train).accumulation_steps
+  if run.data.packed:
+    length = packing.row_length(run.data.max_len)
+    rows = packing.rows_per_batch(run.data.batch_tokens, length, multiple_of)
     shape = jax.ShapeDtypeStruct((rows, length), np.int32)
     return task, {
         f'{stream}{suffix}': shape for stream in ('inputs', 'targets')
         for suffix in ('', '_segment_ids', '_positions')
     }
-  length = batching.bucket_lengths(int(config.data.max_len), config.data.buckets)[-1]
-  rows = max(multiple_of, (int(config.data.batch_tokens) // length) // multiple_of * multiple_of)
+  length = batching.bucket_lengths(run.data.max_len, run.data.buckets)[-1]
+  rows = max(multiple_of, (run.data.batch_tokens // length) // multiple_of * multiple_of)
   targets = length
-  if data_task(config) == SPAN_CORRUPTION:  # batches carry only the targets' columns
-    targets = min(
-        length, span_corruption.targets_length(int(config.data.max_len), **noise_settings(config)))
+  if run.data.span_corruption:  # batches carry only the targets' columns
+    targets = min(length, span_corruption.targets_length(run.data.max_len, **run.data.noise))
   shape = lambda columns: jax.ShapeDtypeStruct((rows, columns), np.int32)
   return task, {'inputs': shape(length), 'targets': shape(targets)}
 
@@ -160,16 +140,17 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   length buckets, or with data.pack one shape of packed rows (validation too, so the eval
   step compiles once). Pairs longer than data.max_len are filtered or truncated either way."""
   import jax
-  data = config.data
+  run = Translation.of(config)
+  data = run.data
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
   from transformer_jax.parallel.sharding import data_parallel_size
   # Training rows are rounded to the run's first layout, kept when it resumes on another
   # (training/elastic.py); evaluation's to this mesh.
-  kwargs = dict(batch_tokens=data.batch_tokens, seed=config.seed, shuffle=train,
+  kwargs = dict(batch_tokens=data.batch_tokens, seed=run.seed, shuffle=train,
                 multiple_of=trainer.batch_multiple if train else data_parallel_size(trainer.mesh),
                 process_index=jax.process_index(), process_count=jax.process_count())
-  if data_pack(config):
+  if data.packed:
     batcher = packing.PackedBatcher(src_ids, tgt_ids, length=packing.row_length(data.max_len),
                                     **kwargs)
   else:
@@ -187,7 +168,8 @@ def padding_fraction(config, batcher, epoch: int = 0) -> float:
   hold padding (the plan's, so without building a batch)."""
   if isinstance(batcher, packing.PackedBatcher):
     return batcher.plan_stats(epoch)['padding_fraction']
-  lengths = batching.bucket_lengths(config.data.max_len, config.data.buckets)
+  data = Translation.of(config).data
+  lengths = batching.bucket_lengths(data.max_len, data.buckets)
   slots = sum(len(indices) * lengths[bucket] for bucket, indices in batcher.epoch_batches(epoch))
   # Every example is in exactly one batch of the epoch.
   return 1.0 - batcher.num_tokens / (2 * slots)
@@ -195,11 +177,12 @@ def padding_fraction(config, batcher, epoch: int = 0) -> float:
 
 def evaluate_test_set(config, workdir, task, mesh, params) -> dict:
   import sacrebleu
-  prefix = config.eval.test_prefix
-  sources, references = load_split(config, prefix)
+  run = Translation.of(config)
+  prefix = run.eval.test_prefix
+  sources, references = load_split(run, prefix)
   hypotheses = task.translate(params, sources, mesh)
   bleu = sacrebleu.corpus_bleu(hypotheses, [references])
-  out_path = os.path.join(workdir, f'{prefix}.{config.data.tgt_lang}.hyp')
+  out_path = os.path.join(workdir, f'{prefix}.{run.data.tgt_lang}.hyp')
   write_atomically(out_path, '\n'.join(hypotheses) + '\n')
   logging.info('%s: %s (translations in %s)', prefix, bleu, out_path)
   return {'bleu': bleu.score, 'hypotheses_path': out_path}
@@ -209,23 +192,23 @@ def evaluate_test_set(config, workdir, task, mesh, params) -> dict:
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  validate(config)
+  run = validate(config)
   state = None  # the trainer's own: a checkpoint's, or fresh (fine-tuning: `start_state`)
-  if data_task(config) == SPAN_CORRUPTION:
-    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(config, workdir)
+  if run.data.span_corruption:
+    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(run, workdir)
   else:
-    train_pairs = load_split(config, config.data.train_prefix)
-    if config.data.max_train_examples:
-      train_pairs = tuple(side[:config.data.max_train_examples] for side in train_pairs)
-    valid_pairs = load_split(config, config.data.valid_prefix)
+    train_pairs = load_split(run, run.data.train_prefix)
+    if run.data.max_train_examples:
+      train_pairs = tuple(side[:run.data.max_train_examples] for side in train_pairs)
+    valid_pairs = load_split(run, run.data.valid_prefix)
     pretrained = None
-    if init_source(config)[0]:  # everything read and checked before the first write
-      config, pretrained = init_config(config, workdir)
+    if run.init.kind:  # everything read and checked before the first write
+      run, pretrained = init_config(run, workdir)
       write_init_tokenizer(workdir, pretrained)
-    task, trainer, (src_tok, tgt_tok) = build(config, workdir, train_pairs, valid_pairs)
-    train_data = make_batcher(config, trainer, src_tok, tgt_tok, train_pairs, train=True)
-    valid_data = make_batcher(config, trainer, src_tok, tgt_tok, valid_pairs, train=False)
-    save_config(config, workdir)  # after the checks of the batches against the mesh
+    task, trainer, (src_tok, tgt_tok) = build(run, workdir, train_pairs, valid_pairs)
+    train_data = make_batcher(run, trainer, src_tok, tgt_tok, train_pairs, train=True)
+    valid_data = make_batcher(run, trainer, src_tok, tgt_tok, valid_pairs, train=False)
+    save_config(run.config, workdir)  # after the checks of the batches against the mesh
     logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
                  train_data.num_batches_per_epoch, valid_data.num_examples)
     if pretrained is not None:
@@ -235,10 +218,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     trainer.close()
     return results
   params = trainer.state.params
-  if config.eval.average_last > 1:
-    params, results['averaged'] = choose_average(config, task, trainer, valid_pairs, results)
-  if config.eval.test_prefix:
-    results['test_bleu'] = evaluate_test_set(config, workdir, task, trainer.mesh, params)['bleu']
+  if run.eval.average_last > 1:
+    params, results['averaged'] = choose_average(run, task, trainer, valid_pairs, results)
+  if run.eval.test_prefix:
+    results['test_bleu'] = evaluate_test_set(run, workdir, task, trainer.mesh, params)['bleu']
   trainer.close()
   return results
 
@@ -248,13 +231,14 @@ def choose_average(config, task, trainer, valid_pairs, results):
   validation BLEU (the test set plays no part in the choice)."""
   import sacrebleu
   from transformer_jax.training.checkpointing import average_params
-  steps = trainer.checkpointer.all_steps()[-config.eval.average_last:]
+  run = Translation.of(config)
+  steps = trainer.checkpointer.all_steps()[-run.eval.average_last:]
   if len(steps) < 2:
     return trainer.state.params, False
   averaged = average_params(trainer.checkpointer, trainer.abstract_state, steps)
   sources, references = valid_pairs
   bleu_last = results.get('eval_bleu')
-  if bleu_last is None or config.eval.bleu_sentences:
+  if bleu_last is None or run.eval.bleu_sentences:
     bleu_last = sacrebleu.corpus_bleu(task.translate(trainer.state.params, sources, trainer.mesh),
                                       [references]).score
   bleu_avg = sacrebleu.corpus_bleu(task.translate(averaged, sources, trainer.mesh),
@@ -275,8 +259,8 @@ def restore_for_inference(config, workdir: str):
   saved, whatever config is given: nothing of the init source is needed.
   """
   from transformer_jax.training import trained_model
-  validate(config)
-  if init_source(config)[0]:
-    config = resumed_config(config, workdir)
-  task, _ = build_task(config, workdir)
-  return trained_model.restore(config, task, workdir)
+  run = validate(config)
+  if run.init.kind:
+    run = resumed_config(run, workdir)
+  task, _ = build_task(run, workdir)
+  return trained_model.restore(run.config, task, workdir)
