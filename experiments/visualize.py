@@ -52,7 +52,9 @@ def bert_attention(config, workdir: str, text: str):
     from transformer_jax.tasks.bert import BertClassificationTask
     from transformer_jax.training import trained_model
     cfg, _, tokenizer, type_vocab_size = bert.load_init(config)
-    task = BertClassificationTask(cfg, int(config.data.num_labels), type_vocab_size=type_vocab_size)
+    from transformer_jax.workflows.bert_sections import FineTuning
+    num_labels = FineTuning.of(config).data.num_labels
+    task = BertClassificationTask(cfg, num_labels, type_vocab_size=type_vocab_size)
     params = trained_model.restore(config, task, workdir).params
   ids, segments = tokenizer.encode_pair(text, None, cfg.max_len)
   model = Bert(cfg, type_vocab_size=params['segment_embedding'].shape[0], mlm=False,

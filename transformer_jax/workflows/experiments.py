@@ -105,7 +105,8 @@ def _translation_tokenizer(workflow, config, workdir: str):
 
 def _translation_task_params(config) -> dict:
   # A text-to-text workdir's data.source_prefix, where T5 checkpoints keep it.
-  prefix = config.data.get('source_prefix', '')
+  from transformer_jax.workflows.translation_sections import Translation
+  prefix = Translation.of(config).data.source_prefix
   return {'translation': {'prefix': prefix}} if prefix else {}
 
 

@@ -39,7 +39,7 @@ from transformer_jax.convert import families
 from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows import bert, experiments
+from transformer_jax.workflows import bert, bert_sections, experiments
 
 # The vocabulary of the model checked before any file is read: the switches, not the sizes,
 # decide what HF expresses.
@@ -76,7 +76,7 @@ def _expected_heads(config, type_vocab_size: int) -> dict:
     return dict(type_vocab_size=type_vocab_size, mlm=True, sentence_classes=2 if sentence else 0,
                 num_labels=0)
   return dict(type_vocab_size=type_vocab_size, mlm=False, sentence_classes=0,
-              num_labels=int(config.data.num_labels))
+              num_labels=bert_sections.FineTuning.of(config).data.num_labels)
 
 
 def _embedding_rows(experiment: experiments.Experiment, params: dict) -> int:
