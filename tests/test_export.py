@@ -143,8 +143,8 @@ def test_char_gpt2_workdir_loads_in_transformers(char_workdir, tmp_path, tiny_sh
   ]
   assert not _leftovers(tmp_path)
 
-  model = lm.restore_for_inference(config, workdir)  # the workflow's
-  task, tokenizer, params = model.task, model.tokenizer, model.params
+  trained = lm.restore_for_inference(config, workdir)  # the workflow's
+  task, tokenizer, params = trained.task, trained.tokenizer, trained.params
   model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
   assert type(model).__name__ == 'GPT2LMHeadModel'
   assert not info['missing_keys'] and not info['unexpected_keys'], info
@@ -441,8 +441,8 @@ def test_llama_workdir_loads_in_transformers(llama_workdir, tmp_path, tiny_shake
   workdir, config = llama_workdir
   out, model = _export_and_load(workdir, tmp_path, 'llama', 'LlamaForCausalLM',
                                 'AutoModelForCausalLM')
-  model = lm.restore_for_inference(config, workdir)
-  task, tokenizer, params = model.task, model.tokenizer, model.params
+  trained = lm.restore_for_inference(config, workdir)
+  task, tokenizer, params = trained.task, trained.tokenizer, trained.params
   with open(tiny_shakespeare, encoding='utf-8') as f:
     text = f.read()[:4000]
   hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
@@ -489,8 +489,8 @@ def test_t5_workdir_loads_in_transformers(t5_workdir, tmp_path):
   with open(os.path.join(out, 'config.json')) as f:
     hf_config = json.load(f)
   assert hf_config['task_specific_params'] == {'translation': {'prefix': 'translate: '}}
-  model = translation.restore_for_inference(config, workdir)
-  task, params = model.task, model.params
+  trained = translation.restore_for_inference(config, workdir)
+  task, params = trained.task, trained.params
 
   hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   assert len(hf_tokenizer) == task.cfg.vocab_size == hf_config['vocab_size']
