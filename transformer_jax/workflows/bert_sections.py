@@ -25,6 +25,7 @@ functions take the ml_collections config or its record (`Pretraining.of(record)`
 so a run reads its config once at its entry and passes the record down.
 """
 
+import abc
 import dataclasses
 import typing
 
@@ -170,7 +171,7 @@ class Init(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
+class Experiment(abc.ABC):
   """What a BERT config of any kind holds beside its own sections: config.model (the model to
   build, or overrides of the pretrained one's config; model_config.py names unknown keys), the
   seed, and the config itself (for the Trainer and the workdir's config.json)."""
@@ -188,9 +189,9 @@ class Experiment:
                **cls.sections(config))
 
   @classmethod
+  @abc.abstractmethod
   def sections(cls, config) -> dict:
-    """This kind's records read from `config`, by field name."""
-    raise NotImplementedError
+    """This kind's records read from `config`, by field name (Pretraining's, FineTuning's)."""
 
 
 @dataclasses.dataclass(frozen=True)
