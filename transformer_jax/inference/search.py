@@ -105,17 +105,19 @@ def decode_step(tokens_to_logits: TokensToLogits, select_fn: SelectFn, cache: Py
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: SelectFn, *,
-                 batch_size: int, max_len: int, start_id: int | jnp.ndarray,
-                 eos_id: int) -> jnp.ndarray:
+                 batch_size: int, max_len: int, start_id: int | jnp.ndarray, eos_id: int,
+                 budgets: jnp.ndarray | None = None) -> jnp.ndarray:
   """Feeds back one token per row per step until every row has emitted EOS or max_len is hit.
 
   Returns int32[B, max_len]. Rows that have finished keep running (shapes are static) but
   their outputs are forced to PAD, so everything after EOS is PAD. `start_id` is one id for
   every row or int32[B] (a language model continues each row from its own last prompt token).
+  `budgets` int32[B]: row i ends after budgets[i] tokens (PAD after; default max_len).
   """
   # Column 0 holds the start token so that step i always reads its input from column i.
   sequences = jnp.full((batch_size, max_len + 1), PAD_ID, jnp.int32).at[:, 0].set(start_id)
-  finished = jnp.zeros((batch_size,), jnp.bool_)
+  budgets = jnp.full((batch_size,), max_len, jnp.int32) if budgets is None else budgets
+  finished = budgets <= 0
 
   def cond_fn(state):
     step, _, finished, _ = state
@@ -126,6 +128,7 @@ def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree, select_fn: Sel
     tokens = lax.dynamic_slice_in_dim(sequences, step, 1, axis=1)
     next_tokens, finished, cache = decode_step(tokens_to_logits, select_fn, cache, tokens, finished,
                                                step, eos_id=eos_id)
+    finished = finished | (step + 1 >= budgets)
     sequences = lax.dynamic_update_slice_in_dim(sequences, next_tokens[:, None], step + 1, axis=1)
     return step + 1, sequences, finished, cache
 
@@ -309,37 +312,57 @@ def sampling_distribution(logits: jnp.ndarray, temperature: float | jnp.ndarray 
 def sample(tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array, *,
            first_tokens: jnp.ndarray, max_len: int, temperature: float | jnp.ndarray = 1.0,
            top_k: int | jnp.ndarray = 0, top_p: float | jnp.ndarray = 1.0,
-           eos_id: int | None = None) -> jnp.ndarray:
+           eos_id: int | None = None, budgets: jnp.ndarray | None = None,
+           select: SelectFn | None = None) -> jnp.ndarray:
   """Draws `max_len` tokens per row; returns int32[B, max_len].
 
   `first_tokens` int32[B] is fed first (for a language model: the last prompt token, the rest
   of the prompt being already in `cache`). Each step scales the logits by 1/temperature, keeps
   the top-k and then the top-p tokens (`filter_logits`) and draws from what is left;
   temperature 0 is greedy (argmax, exactly as `greedy_search`). With `eos_id`, a row stops
-  at its EOS and is PAD afterwards; without it every row runs the full budget.
+  at its EOS and is PAD afterwards; without it every row runs its full budget (`budgets`
+  int32[B], default max_len). `select`: a `sampling_select_fn` made by the caller (then
+  `rng` and the settings here are not read).
 
   The draw at step s uses fold_in(rng, s), so the same rng gives the same tokens, whatever
-  the loop's early stopping. `temperature`, `top_k` and `top_p` may be traced values.
+  the loop's early stopping. `rng` is one key or one per row (keys[B]: row i draws from its
+  key alone). `temperature`, `top_k` and `top_p` may be traced values, one or one per row.
   """
   first_tokens = jnp.asarray(first_tokens, jnp.int32)
-  return _decode_loop(tokens_to_logits, cache, sampling_select_fn(rng, temperature, top_k, top_p),
-                      batch_size=first_tokens.shape[0], max_len=max_len, start_id=first_tokens,
-                      eos_id=loop_eos_id(eos_id))
+  select = select or sampling_select_fn(rng, temperature, top_k, top_p)
+  return _decode_loop(tokens_to_logits, cache, select, batch_size=first_tokens.shape[0],
+                      max_len=max_len, start_id=first_tokens, eos_id=loop_eos_id(eos_id),
+                      budgets=budgets)
+
+
+def _row_column(x):
+  """A per-row setting [B] as [B, 1], to broadcast against logits [B, V]; others unchanged."""
+  return x[:, None] if jnp.ndim(x) == 1 else x
 
 
 def sampling_select_fn(rng: jax.Array, temperature: float | jnp.ndarray = 1.0,
                        top_k: int | jnp.ndarray = 0, top_p: float | jnp.ndarray = 1.0) -> SelectFn:
   """The rule `sample` picks each token by, as a `SelectFn` (the draw at step s uses
-  fold_in(rng, s)); for a decoder that runs `decode_step` itself."""
+  fold_in(rng, s)); for a decoder that runs `decode_step` itself.
+
+  `rng`: one key (the draws of all rows come from it together) or keys[B] (row i draws from
+  keys[i] alone, so a row draws the same tokens whatever else is in the batch). The settings:
+  one value or one per row [B]. Python values 0 for temperature (greedy), 0 for top_k and 1
+  for top_p (no filter) are seen at trace time, and skip the draw or the sort.
+  """
 
   def select_fn(logits, step):
     logits = logits.astype(jnp.float32)
     greedy = jnp.argmax(logits, axis=-1)
     if isinstance(temperature, (int, float)) and temperature == 0:
       return greedy  # Static greedy: no sort, no random draw.
-    scaled = logits / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6)
-    drawn = jax.random.categorical(jax.random.fold_in(rng, step),
-                                   filter_logits(scaled, top_k, top_p), axis=-1)
+    scaled = logits / jnp.maximum(_row_column(jnp.asarray(temperature, jnp.float32)), 1e-6)
+    filtered = filter_logits(scaled, _row_column(top_k), _row_column(top_p))
+    if jnp.ndim(rng) == 0:
+      drawn = jax.random.categorical(jax.random.fold_in(rng, step), filtered, axis=-1)
+    else:  # one key per row; a row's draw is what the row alone would draw
+      drawn = jax.vmap(lambda key, row: jax.random.categorical(jax.random.fold_in(key, step), row))(
+          rng, filtered)
     return jnp.where(jnp.asarray(temperature) > 0, drawn, greedy)
 
   return select_fn

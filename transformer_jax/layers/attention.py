@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -62,11 +63,12 @@ class MultiHeadAttention(nn.Module):
   weights [B, H, T, S] are sown there as 'attention_weights' (for pictures).
 
   Call arguments: `mask` (boolean, broadcastable to [B, H, T, S]); `bias_fn(q_positions,
-  k_positions) -> [1, H, T, S]` for a relative position bias; `positions` [T] of the query
+  k_positions) -> [1 or B, H, T, S]` for a relative position bias; `positions` [T] of the query
   tokens (rotary angles and cache slots; default 0..T-1), or [B, T] for packed rows, where each
-  example's positions restart at 0. `segment_ids` [B, T] (packed rows): a query sees only the
-  keys of its own example; `context_segment_ids` [B, S] are the keys' ids for cross-attention
-  (self-attention uses `segment_ids` for both). Not in decode mode (decoding is unpacked).
+  example's positions restart at 0, and when decoding, where each row is at its own point.
+  `segment_ids` [B, T] (packed rows): a query sees only the keys of its own example;
+  `context_segment_ids` [B, S] are the keys' ids for cross-attention (self-attention uses
+  `segment_ids` for both). Not in decode mode (decoding is unpacked).
 
   `causal` (self-attention only): queries also never see later keys, whatever `mask` says, and
   the implementation may skip those blocks. Ignored when decoding (the cache mask does it).
@@ -131,8 +133,12 @@ class MultiHeadAttention(nn.Module):
     # segment ids hide the keys anyway. So one [1, H, T, S] bias serves the whole batch.
     bias = None
     if bias_fn is not None:
-      q_positions = jnp.arange(q.shape[1]) if segment_ids is not None else (
-          positions if positions.ndim == 1 else positions[0])
+      if cache is not None:  # decode: every row's own positions [B, T] over the cache's slots
+        q_positions = positions
+      elif segment_ids is not None:
+        q_positions = jnp.arange(q.shape[1])
+      else:
+        q_positions = positions if positions.ndim == 1 else positions[0]
       bias = bias_fn(q_positions, jnp.arange(k.shape[1]))
 
     dropout_rng = None
@@ -165,7 +171,8 @@ class MultiHeadAttention(nn.Module):
     """Writes this call's k/v into the cache; returns ((keys, values) or None, mask).
 
     keys are stored [B, K, D, S] and values [B, K, S, D]: the layouts `decode_step_attention`
-    reads in place. The returned mask adds the causal cache mask to `mask`. The first
+    reads in place. Each row writes at its own slot, `positions` [B, T] (a row's slot is its
+    token's position). The returned mask adds each row's causal cache mask to `mask`. The first
     (allocating) call writes nothing and returns None and `mask` unchanged.
     """
     initialised = self.has_variable('cache', 'cached_key')
@@ -176,16 +183,23 @@ class MultiHeadAttention(nn.Module):
                                  (batch, kv_heads, length, head_dim), v.dtype)
     if not initialised:
       return None, mask
-    positions = positions if positions.ndim == 1 else positions[0]
-    start = positions[0]
-    # [B, T, K, D] -> keys [B, K, D, T] and values [B, K, T, D], written at slot `start`.
-    cached_key.value = lax.dynamic_update_slice(
-        cached_key.value,
-        jnp.transpose(k, (0, 2, 3, 1)).astype(cached_key.value.dtype), (0, 0, 0, start))
-    cached_value.value = lax.dynamic_update_slice(
-        cached_value.value,
-        jnp.swapaxes(v, 1, 2).astype(cached_value.value.dtype), (0, 0, start, 0))
+    positions = jnp.broadcast_to(positions, (batch, length))  # [B, T]: per row (StepPositions)
+    start = positions[:, 0]
+
+    def write(cache, update, axis):  # each row's `update` at its own slot `start`
+
+      def write_row(row, row_update, row_start):
+        index = [0] * row.ndim
+        index[axis - 1] = row_start
+        return lax.dynamic_update_slice(row, row_update, index)
+
+      return jax.vmap(write_row)(cache, update.astype(cache.dtype), start)
+
+    # [B, T, K, D] -> keys [B, K, D, T] and values [B, K, T, D].
+    cached_key.value = write(cached_key.value, jnp.transpose(k, (0, 2, 3, 1)), axis=3)
+    cached_value.value = write(cached_value.value, jnp.swapaxes(v, 1, 2), axis=2)
     cache_length = cached_key.value.shape[3]
-    # Query at position p sees cached keys 0..p; slots beyond are empty (zeros), so hide them.
-    cache_mask = (jnp.arange(cache_length)[None, :] <= positions[:, None])[None, None]
+    # Row b's query at position p sees its cached keys 0..p; later slots are empty (zeros) or
+    # hold a longer prompt's padding (`blocks.set_cache_positions`), so hide them.
+    cache_mask = (jnp.arange(cache_length)[None, None, :] <= positions[:, :, None])[:, None]
     return (cached_key.value, cached_value.value), combine_masks(mask, cache_mask)

@@ -214,24 +214,27 @@ class InputEmbedding(nn.Module):
 
 
 class StepPositions(nn.Module):
-  """Positions of this call's tokens: 0..T-1, or in decode mode the next T after the cache.
+  """Positions of this call's tokens: 0..T-1, or in decode mode the next T of every row.
 
-  In decode mode the counter lives in the 'cache' collection (a scalar, shared by every row
-  and beam), so positional encodings, rotary angles and cache writes all agree.
+  In decode mode each row keeps its own counter in the 'cache' collection (int32[B], the
+  cache's slot for the row's next token), so rows of one batch may be at different points
+  (prompts of different lengths: `set_cache_positions`), and positional encodings, rotary
+  angles, cache writes and the cache mask all agree per row. Returns [T] outside decode mode
+  (and on the allocating call), [B, T] in it.
   """
   cfg: TransformerConfig
 
   @nn.compact
-  def __call__(self, length: int) -> jnp.ndarray:
+  def __call__(self, batch: int, length: int) -> jnp.ndarray:
     if not self.cfg.decode:
       return jnp.arange(length)
     initialised = self.has_variable('cache', 'position')
-    counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+    counter = self.variable('cache', 'position', lambda: jnp.zeros((batch,), jnp.int32))
     if not initialised:  # the allocating call of a decode-mode init
       return jnp.arange(length)
     start = counter.value
     counter.value = start + length
-    return start + jnp.arange(length)
+    return start[:, None] + jnp.arange(length)[None, :]
 
 
 def empty_cache(decode_model: nn.Module, *inputs) -> dict:
@@ -242,3 +245,20 @@ def empty_cache(decode_model: nn.Module, *inputs) -> dict:
   """
   shapes = jax.eval_shape(decode_model.init, jax.random.key(0), *inputs)['cache']
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def set_cache_positions(cache: dict, positions: jnp.ndarray) -> dict:
+  """`cache` with every row's position counter (`StepPositions`) set to `positions` int32[B]:
+  row i's next token goes to slot positions[i] and attends to slots 0..positions[i].
+
+  A batch of prompts of different lengths is prefilled together up to the longest (the slots
+  past a shorter prompt's end hold whatever its padding wrote); moving each row's counter back
+  to its own length makes the next steps overwrite those slots before the mask ever shows them.
+  """
+
+  def set_leaf(path, leaf):
+    if getattr(path[-1], 'key', None) == 'position':
+      return jnp.broadcast_to(jnp.asarray(positions, leaf.dtype), leaf.shape)
+    return leaf
+
+  return jax.tree_util.tree_map_with_path(set_leaf, cache)

@@ -139,11 +139,13 @@ def relative_position_bucket(relative_position: jnp.ndarray, bidirectional: bool
 def relative_position_bias(table: jnp.ndarray, q_positions: jnp.ndarray, k_positions: jnp.ndarray,
                            *, bidirectional: bool, max_distance: int,
                            dtype=jnp.float32) -> jnp.ndarray:
-  """table [buckets, H], q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
-  relative = k_positions[None, :] - q_positions[:, None]
+  """table [buckets, H], q_positions [Tq] (or [B, Tq]: each row's own, as when decoding rows
+  at different points), k_positions [Tk] -> bias [1 (or B), H, Tq, Tk]."""
+  q_positions = q_positions if q_positions.ndim == 2 else q_positions[None]
+  relative = k_positions[None, None, :] - q_positions[:, :, None]
   buckets = relative_position_bucket(relative, bidirectional, table.shape[0], max_distance)
-  bias = jnp.take(table, buckets, axis=0)  # [Tq, Tk, H]
-  return jnp.transpose(bias, (2, 0, 1))[None].astype(dtype)
+  bias = jnp.take(table, buckets, axis=0)  # [1 or B, Tq, Tk, H]
+  return jnp.transpose(bias, (0, 3, 1, 2)).astype(dtype)
 
 
 class RelativePositionBias(nn.Module):
@@ -167,7 +169,7 @@ class RelativePositionBias(nn.Module):
         (self.num_buckets, self.num_heads), self.param_dtype)
 
   def __call__(self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> jnp.ndarray:
-    """q_positions [Tq], k_positions [Tk] -> bias [1, H, Tq, Tk]."""
+    """q_positions [Tq] or [B, Tq], k_positions [Tk] -> bias [1 or B, H, Tq, Tk]."""
     return relative_position_bias(self.table, q_positions, k_positions,
                                   bidirectional=self.bidirectional, max_distance=self.max_distance,
                                   dtype=self.dtype)

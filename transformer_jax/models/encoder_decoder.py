@@ -154,7 +154,7 @@ class EncoderDecoder(nn.Module):
     """
     segment_ids, positions = _packed(segment_ids, positions)
     if positions is None:
-      positions = self.decoder_positions(decoder_tokens.shape[1])
+      positions = self.decoder_positions(*decoder_tokens.shape)
     cross_mask = None
     if segment_ids is None:
       cross_mask = (inputs != PAD_ID)[:, None, None, :]

@@ -107,7 +107,7 @@ class GPT(nn.Module):
     if segment_ids is not None and positions is None:
       positions = packed_positions(segment_ids)
     if positions is None:
-      positions = self.positions(tokens.shape[1])
+      positions = self.positions(*tokens.shape)
     # No [T, T] mask: the stack's attention is causal by construction (the kernels apply
     # causality themselves and may skip hidden blocks; a mask would reach a flash kernel as a
     # score-sized bias). In decode mode the KV cache's mask provides it.

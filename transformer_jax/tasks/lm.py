@@ -21,7 +21,7 @@ from absl import logging
 
 from transformer_jax.inference import generation
 from transformer_jax.layers import scan_layout
-from transformer_jax.layers.blocks import empty_cache
+from transformer_jax.layers.blocks import empty_cache, set_cache_positions
 from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.gpt import GPT
@@ -50,8 +50,8 @@ class LanguageModelTask:
     self.sample_seed = sample_seed
     self.attention_text = attention_text  # read at every evaluation for the attention pictures
     # Holds the jitted segment sampler and the streamed prefill and step (compiled once each).
-    self._sampler = generation.Sampler(self._run_decode, self._empty_cache, max_len=cfg.max_len,
-                                       prepare_params=self._decode_params)
+    self._sampler = generation.Sampler(self._run_decode, self._empty_cache, set_cache_positions,
+                                       max_len=cfg.max_len, prepare_params=self._decode_params)
     self._score_fn = jax.jit(self._score_windows)
 
   # -- training -------------------------------------------------------------------------------
@@ -96,7 +96,8 @@ class LanguageModelTask:
                                                             flops.attention_width(cfg), causal=True)
 
   # -- generation -----------------------------------------------------------------------------
-  # One schedule for both (inference/generation.py); the model enters through these three.
+  # One schedule for both (inference/generation.py); the model enters through these three (and
+  # `blocks.set_cache_positions`).
 
   def _empty_cache(self, batch: int, slots: int):
     return empty_cache(self.decode_model, jnp.zeros((batch, slots), jnp.int32))
@@ -112,10 +113,14 @@ class LanguageModelTask:
   def generate(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                eos_id: int | None = None) -> np.ndarray:
-    """Continues every row of `prompt_tokens` [B, P]; returns int32[B, max_new_tokens].
+    """Continues every prompt; returns int32[B, max(max_new_tokens)].
 
-    Sampling as in `search.sample` (temperature 0 = greedy). The same rng gives the same
-    tokens. With an EOS (default: the task's), a row is PAD after its EOS.
+    `prompt_tokens`: an int array [B, P], or B sequences of ids of any lengths (one batch: each
+    row gets what its prompt gets alone, `inference/generation.py`). `max_new_tokens` and the
+    sampling settings: one value or one per row; `rng`: one key, or one per row (row i then
+    draws exactly what its prompt alone draws with that key). Sampling as in `search.sample`
+    (temperature 0 = greedy). The same rng gives the same tokens. With an EOS (default: the
+    task's), a row is PAD after its EOS, and after its own budget.
 
     Context policy: the model never sees more than cfg.max_len tokens. A prompt longer than
     that is cropped to its last max_len tokens (as nanoGPT does). While prompt + new tokens
