@@ -40,6 +40,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.planning import collectives, runtime, traffic
@@ -171,7 +172,7 @@ def plan(config, target: Target) -> dict:
   if state_bytes > usable:  # no need to compile to know
     raise DoesNotFitError(f'{target.name}: the parameters and optimizer state alone need '
                           f'{_gib(state_bytes)} per device but a {target.chip.name} chip has '
-                          f'{_gib(usable)} {_memory_name(target)}; to fit: shard them over more '
+                          f'{_gib(usable)} {memory_name(target)}; to fit: shard them over more '
                           f'chips (mesh.fsdp, now {mesh_axes["fsdp"]}; or mesh.tensor, now '
                           f'{mesh_axes["tensor"]}) or choose a larger slice or chip')
   batch = {
@@ -220,7 +221,7 @@ def plan(config, target: Target) -> dict:
     advice = fit_advice(result['activation_bytes'] > state_bytes)
     error = DoesNotFitError(f'{target.name}: the train step needs {_gib(result["peak_bytes"])} '
                             f'per device but a {target.chip.name} chip has {_gib(usable)} '
-                            f'{_memory_name(target)} (parameters {_gib(result["parameter_bytes"])}'
+                            f'{memory_name(target)} (parameters {_gib(result["parameter_bytes"])}'
                             f', optimizer state {_gib(result["optimizer_state_bytes"])}, '
                             f'activations and temporaries {_gib(result["activation_bytes"])}); '
                             f'{advice}')
@@ -229,7 +230,7 @@ def plan(config, target: Target) -> dict:
   return result
 
 
-def _memory_name(target: Target) -> str:
+def memory_name(target: Target) -> str:
   """How the usable memory of a chip is named in an error line."""
   if target.platform == 'gpu':
     return (f'in jax\'s memory pool ({100 * memory_fraction(target):.0f}% of '
@@ -238,12 +239,21 @@ def _memory_name(target: Target) -> str:
 
 
 def _compile(sharded, batch, mesh, fit_advice, target):
-  """(lowered step, compiled step, lower seconds, compile seconds); a TPU compiler's
-  out-of-memory refusal as DoesNotFitError, with `fit_advice(activations_first=True)`."""
+  """`lower_and_compile` of the train step, as `Trainer.fit` runs it (the trainer's logical-axis
+  rules active); a refusal advises `fit_advice(activations_first=True)`."""
+  return lower_and_compile(sharded.step, (sharded.abstract_state, batch), mesh, target,
+                           lambda: fit_advice(True))
+
+
+def lower_and_compile(step, args: tuple, mesh, target: Target, advice: Callable[[], str],
+                      rules=None):
+  """(lowered step, compiled step, lower seconds, compile seconds) of the jitted `step` on the
+  abstract `args`, lowered inside `mesh` and the logical-axis `rules` (the trainer's unless
+  given); a TPU compiler's out-of-memory refusal as DoesNotFitError ending with `advice()`."""
   from transformer_jax.parallel import sharding
   start = time.time()
-  with sharding.use_mesh(mesh):  # as Trainer.fit runs it: the logical-axis rules are active
-    lowered = sharded.step.lower(sharded.abstract_state, batch)
+  with sharding.use_mesh(mesh, rules or sharding.LOGICAL_AXIS_RULES):
+    lowered = step.lower(*args)
   lower_s = time.time() - start
   start = time.time()
   try:
@@ -252,7 +262,7 @@ def _compile(sharded, batch, mesh, fit_advice, target):
     message = _compiler_out_of_memory(error, target)
     if message is None:
       raise
-    raise DoesNotFitError(f'{target.name}: {message}; {fit_advice(True)}') from None
+    raise DoesNotFitError(f'{target.name}: {message}; {advice()}') from None
   return lowered, compiled, lower_s, time.time() - start
 
 
@@ -280,23 +290,14 @@ def analyse(compiled, abstract_state, batch, target: Target, model_flops: float,
   compiled program has no cost analysis (XLA:GPU without a device): the FLOPs of `program()` (the
   lowered program's, `program_cost`; else the model's) and the bytes its kernels read and write
   (`traffic.py`); `flops_source` and `bytes_accessed_source` say which."""
-  memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   text = compiled.as_text()
   parameter_bytes = shard_bytes(abstract_state.params)
   optimizer_bytes = shard_bytes((abstract_state.opt_state, abstract_state.step))
   batch_bytes = shard_bytes(batch)
-  peak = int(getattr(memory, 'peak_memory_in_bytes', 0) or 0)
-  if not peak:  # (older runtimes and XLA:GPU report no peak): everything live at once
-    peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
-            memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+  peak, xla_memory = memory_figures(compiled)
   hbm, usable = target.chip.hbm_bytes, int(target.chip.hbm_bytes * memory_fraction(target))
-  xla_memory = {
-      'argument': memory.argument_size_in_bytes, 'output': memory.output_size_in_bytes,
-      'alias': memory.alias_size_in_bytes, 'temp': memory.temp_size_in_bytes,
-      'generated_code': memory.generated_code_size_in_bytes
-  }
   activations = max(peak - parameter_bytes - optimizer_bytes - batch_bytes, 0)
   flops_source = bytes_source = 'XLA cost analysis'
   if 'flops' in cost:
@@ -323,6 +324,20 @@ def analyse(compiled, abstract_state, batch, target: Target, model_flops: float,
                 mosaic_kernels=text.count('custom_call_target="tpu_custom_call"'),
                 cudnn_calls=len(re.findall(r'custom_call_target="__cudnn', text)))
   return result
+
+
+def memory_figures(compiled) -> tuple[int, dict]:
+  """(XLA's peak bytes of one device, its memory analysis as a dict) of a compiled program."""
+  memory = compiled.memory_analysis()
+  peak = int(getattr(memory, 'peak_memory_in_bytes', 0) or 0)
+  if not peak:  # (older runtimes and XLA:GPU report no peak): everything live at once
+    peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
+            memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+  return peak, {
+      'argument': memory.argument_size_in_bytes, 'output': memory.output_size_in_bytes,
+      'alias': memory.alias_size_in_bytes, 'temp': memory.temp_size_in_bytes,
+      'generated_code': memory.generated_code_size_in_bytes
+  }
 
 
 def predict(flops_count: float, bytes_accessed: float, model_flops: float, target: Target) -> dict:
