@@ -476,3 +476,115 @@ def test_every_family_compiles_for_a_gpu_under_each_mesh(tiny_gpu_plans, family)
   assert fsdp['all-gather']['count'] >= 1 and fsdp.get('reduce-scatter', {}).get('count', 0) >= 1
   data = tiny_gpu_plans[(family, 'data')]
   assert tiny_gpu_plans[(family, 'fsdp')]['parameter_bytes'] < 0.2 * data['parameter_bytes']
+
+
+# -- the decode step of a language model (--decode_batch, --decode_length) ------------------------
+
+
+def tiny_lm_task():
+  from transformer_jax.cli import entrypoint
+  path, overrides = TINY['lm']
+  config = entrypoint.load_config_file(path)
+  for key, value in overrides.items():
+    section, leaf = key.split('.')
+    config[section][leaf] = value
+  return experiments.of_config(config).abstract_task(config)[0]
+
+
+def placed(cache, shardings):
+  import jax
+  return jax.tree.map(lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p), cache,
+                      shardings)
+
+
+def test_cache_rows_are_split_over_the_batch_axes_when_they_divide():
+  """Keys and values [B, ...] split over data x fsdp; a position counter, a scalar or one int per
+  row, is no part of the keys and values."""
+  import jax
+  import jax.numpy as jnp
+  from transformer_jax.planning import decode
+  mesh = jax.sharding.AbstractMesh((2, 3, 2), ('data', 'fsdp', 'tensor'))
+  for rows, ways in ((12, 6), (10, 1)):
+    cache = {
+        'position': jax.ShapeDtypeStruct((), jnp.int32), 'row_positions': jax.ShapeDtypeStruct(
+            (rows,), jnp.int32), 'layer': {
+                'cached_key': jax.ShapeDtypeStruct((rows, 4, 16, 32), jnp.bfloat16),
+                'cached_value': jax.ShapeDtypeStruct((rows, 4, 32, 16), jnp.bfloat16)
+            }
+    }
+    shardings, split = decode.cache_shardings(cache, mesh)
+    assert split == (ways > 1)
+    assert shardings['position'].spec == jax.sharding.PartitionSpec()
+    cache = placed(cache, shardings)
+    assert decode.kv_cache_bytes(cache) == 2 * rows // ways * 4 * 16 * 32 * 2
+    assert planning.shard_bytes(cache) == decode.kv_cache_bytes(cache) + 4 + 4 * rows // ways
+
+
+def test_the_lm_cache_bytes_are_the_analytic_count():
+  """The tiny GPT's own cache (2 layers, 4 kv heads of 16, float32), shapes only: no compiler."""
+  import jax
+  from transformer_jax.planning import decode
+  task = tiny_lm_task()
+  cache = jax.eval_shape(lambda: task._empty_cache(8, 32))
+  mesh = jax.sharding.AbstractMesh((4, 1, 2), ('data', 'fsdp', 'tensor'))
+  shardings, split = decode.cache_shardings(cache, mesh)
+  assert split
+  assert decode.analytic_kv_cache_bytes(task.decode_model.cfg, 8, 32) == 2 * 2 * 8 * 32 * 4 * 16 * 4
+  assert decode.kv_cache_bytes(placed(cache, shardings)) == 2 * 2 * 8 * 32 * 4 * 16 * 4 // 4
+
+
+@pytest.mark.slow
+def test_decode_plan_of_another_experiment_is_one_error_line():
+  result = run_plan(*flags('translation'), '--target=tpu-v5e-4', '--decode_batch=4',
+                    '--decode_length=16')
+  assert_one_error(result, "config.experiment 'lm'", "experiment is 'translation'")
+
+
+@pytest.mark.slow
+def test_decode_plan_prints_the_cache_and_one_json_line(tpu_runtime):
+  """8 rows of 32 slots split over data=2: half the keys and values of 2 layers x 4 kv heads x
+  16 floats per chip."""
+  result = run_plan(*flags('lm'), '--config.mesh.data=2', '--config.mesh.tensor=2',
+                    '--target=tpu-v5e-4', '--decode_batch=8', '--decode_length=32',
+                    tpu_runtime=tpu_runtime)
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = json.loads(result.stdout.strip().splitlines()[-1])
+  assert plan['step'] == 'decode' and plan['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 2}
+  assert plan['cache_rows_split'] and plan['cache_row_ways'] == 2
+  assert plan['kv_cache_bytes'] == plan[
+      'kv_cache_bytes_analytic'] == 2 * 2 * 8 * 32 * 4 * 16 * 4 // 2
+  assert plan['cache_bytes'] - plan['kv_cache_bytes'] < 64  # the position counter(s)
+  assert plan['fits'] and 0 < plan['parameter_bytes'] + plan['cache_bytes'] <= plan['peak_bytes']
+  assert plan['xla_memory']['alias'] >= plan['cache_bytes']  # the donated cache is updated in place
+  step_s = (plan['parameter_bytes'] +
+            plan['cache_bytes']) / targets.get('tpu-v5e-4').chip.hbm_bandwidth
+  assert plan['step_time_s'] == pytest.approx(step_s)
+  assert plan['tokens_per_s'] == pytest.approx(8 / step_s)
+  for label in ('KV cache', 'analytic', 'equal', 'rows split over data x fsdp, 2 ways',
+                'total (XLA peak)', 'tokens/s'):
+    assert label in result.stdout
+  assert not error_lines(result)
+
+
+@pytest.mark.slow
+def test_a_decode_cache_too_big_for_hbm_is_refused_before_compiling(tpu_runtime):
+  """2**20 rows of 64 slots of 2 layers x 64 floats: 64 GiB of keys and values, whole on every
+  chip (mesh tensor=4 does not split rows)."""
+  result = run_plan(*flags('lm'), '--config.mesh.tensor=4', '--target=tpu-v5e-4',
+                    f'--decode_batch={2**20}', '--decode_length=64', tpu_runtime=tpu_runtime)
+  assert_one_error(result, 'tpu-v5e-4', 'KV cache (64.00 GiB) alone',
+                   '--decode_batch (now 1048576)', 'mesh.data x mesh.fsdp')
+
+
+@pytest.mark.slow
+def test_gpu_decode_plan_with_rows_that_do_not_divide(gpu_runtime):
+  """3 rows over fsdp=8: the cache is whole on every GPU, in bfloat16."""
+  result = run_plan(*flags('lm',
+                           model__dtype='bfloat16'), '--config.mesh.fsdp=8', '--target=gpu-h100-8',
+                    '--decode_batch=3', '--decode_length=64', gpu_runtime=gpu_runtime)
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = json.loads(result.stdout.strip().splitlines()[-1])
+  assert plan['platform'] == 'gpu' and not plan['cache_rows_split']
+  assert plan['kv_cache_bytes'] == plan['kv_cache_bytes_analytic'] == 2 * 2 * 3 * 64 * 4 * 16 * 2
+  assert plan['fits'] and plan['usable_bytes'] == int(0.75 * plan['hbm_bytes'])
+  assert 'replicated: the rows do not divide' in result.stdout
