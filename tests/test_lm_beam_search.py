@@ -128,3 +128,18 @@ def test_settings_out_of_range_are_one_line_errors(imported):
     task.beam_search(params, prompts, 2, 60)
   with pytest.raises(ConfigError, match="early_stopping must be False, True or 'never'"):
     task.beam_search(params, prompts, 2, NEW_TOKENS, early_stopping='sometimes')
+
+
+def test_prompts_of_other_lengths_in_one_batch_search_as_each_alone(imported):
+  """A ragged batch (lengths 1..9) gives every prompt the hypotheses and scores it gets alone,
+  and those equal transformers' for that prompt."""
+  model, task, params, _, eos_id = imported
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(2, VOCAB, n).astype(np.int32) for n in (4, 1, 9, 6, 2)]
+  ours, scores = task.beam_search(params, prompts, 3, NEW_TOKENS, eos_id=eos_id)
+  for i, prompt in enumerate(prompts):
+    alone, alone_scores = task.beam_search(params, [prompt], 3, NEW_TOKENS, eos_id=eos_id)
+    np.testing.assert_array_equal(ours[i], alone[0], err_msg=f'prompt {i}')
+    np.testing.assert_allclose(scores[i], alone_scores[0], rtol=1e-5, atol=1e-6)
+    theirs, _ = _hf_generate(model, prompt[None], eos_id=eos_id, num_beams=3)
+    np.testing.assert_array_equal(ours[i], theirs[0], err_msg=f'prompt {i} vs transformers')

@@ -82,6 +82,17 @@ def prompt_rows(prompt_tokens) -> list[np.ndarray]:
   return [row.astype(np.int32) for row in rows]
 
 
+def pad_prompts(rows: list[np.ndarray], limit: int) -> tuple[np.ndarray, np.ndarray]:
+  """(int32[B, P] the rows right-padded with PAD to a common length P (the longest, rounded up
+  to a multiple of LENGTH_BUCKET, at most `limit`), int32[B] their lengths): the input of
+  `Sampler.filled_cache`."""
+  lengths = np.asarray([len(row) for row in rows], np.int32)
+  padded = np.full((len(rows), _padded_length(int(lengths.max()), limit)), PAD_ID, np.int32)
+  for i, row in enumerate(rows):
+    padded[i, :len(row)] = row
+  return padded, lengths
+
+
 def per_row(value, batch: int, name: str, dtype) -> np.ndarray:
   """A setting given once for the batch or once per row, as an array [batch]."""
   array = np.asarray(value, dtype)
@@ -159,7 +170,7 @@ class Sampler:
 
   # -- on the device --------------------------------------------------------------------------
 
-  def _filled_cache(self, params, contexts, lengths, cache_len: int):
+  def filled_cache(self, params, contexts, lengths, cache_len: int):
     """(prepared params, a cache of `cache_len` slots holding all but the last token of each
     row of `contexts` [B, P] (row i is lengths[i] long, then padding), the first tokens to feed:
     each row's last one)."""
@@ -172,7 +183,7 @@ class Sampler:
     return params, cache, last
 
   def _prefill(self, params, contexts, lengths, *, cache_len: int):
-    return self._filled_cache(params, contexts, lengths, cache_len)[1:]
+    return self.filled_cache(params, contexts, lengths, cache_len)[1:]
 
   def _last_logits(self, params):
     """`search.TokensToLogits` of the model: the logits of each row's last position."""
@@ -187,8 +198,8 @@ class Sampler:
                       num_new: int, eos_id: int | None, rule: str):
     """Up to `num_new` tokens after each row of `contexts` [B, P] (row i: budgets[i] of them),
     with a cache of P + num_new - 1 slots (the last sampled token is never fed back)."""
-    params, cache, last = self._filled_cache(params, contexts, lengths,
-                                             contexts.shape[1] + num_new - 1)
+    params, cache, last = self.filled_cache(params, contexts, lengths,
+                                            contexts.shape[1] + num_new - 1)
     return search.sample(self._last_logits(params), cache, keys, first_tokens=last, max_len=num_new,
                          budgets=budgets, eos_id=eos_id,
                          select=select_fn(keys, temperature, top_k, top_p, rule=rule))
@@ -223,14 +234,10 @@ class Sampler:
             if done[i] else np.concatenate([rows[i], np.asarray(drawn[i], np.int32)])[-keep:]
             for i in range(batch)
         ]
-      lengths = np.asarray([len(c) for c in contexts], np.int32)
+      padded, lengths = pad_prompts(contexts, self.max_len)
       remaining = budgets - np.asarray([len(d) for d in drawn])
       # Fill each row's cache at most up to max_len positions (L + n - 1 <= max_len).
       wanted = np.where(done, 0, np.minimum(self.max_len + 1 - lengths, remaining))
-      width = _padded_length(int(lengths.max()), self.max_len)
-      padded = np.full((batch, width), PAD_ID, np.int32)
-      for i, context in enumerate(contexts):
-        padded[i, :len(context)] = context
       taken = np.zeros(batch, int)  # columns of this segment consumed per row
       for chunk in run_segment(padded, lengths, wanted.astype(np.int32), _fold_in(keys, segment),
                                int(wanted.max())):

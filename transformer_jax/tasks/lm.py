@@ -153,19 +153,18 @@ class LanguageModelTask:
                                       temperature=temperature, top_k=top_k, top_p=top_p,
                                       eos_id=self.eos_id if eos_id is None else eos_id)
 
-  def _beam_search(self, params, prompt, length_penalty, *, num_beams: int, max_new_tokens: int,
-                   early_stopping, eos_id: int | None):
-    """`beam_search` on the device: prefill all but the last prompt token, then search."""
-    cache = self._empty_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens - 1)
-    params = self._decode_params(params)
-    if prompt.shape[1] > 1:  # Prefill: all but the last prompt token in one call.
-      _, cache = self._run_decode(params, cache, prompt[:, :-1])
+  def _beam_search(self, params, prompt, lengths, length_penalty, *, num_beams: int,
+                   max_new_tokens: int, early_stopping, eos_id: int | None):
+    """`beam_search` on the device: prefill all but each row's last prompt token (`prompt`
+    [B, P] right-padded, row i `lengths[i]` long), then search."""
+    params, cache, last = self._sampler.filled_cache(params, prompt, lengths,
+                                                     prompt.shape[1] + max_new_tokens - 1)
 
     def tokens_to_logits(tokens, cache):
       logits, cache = self._run_decode(params, cache, tokens)
       return logits[:, -1, :], cache
 
-    return lm_beam_search.beam_search(tokens_to_logits, cache, first_tokens=prompt[:, -1],
+    return lm_beam_search.beam_search(tokens_to_logits, cache, first_tokens=last,
                                       num_beams=num_beams, max_new_tokens=max_new_tokens,
                                       length_penalty=length_penalty, early_stopping=early_stopping,
                                       eos_id=eos_id)
@@ -173,24 +172,28 @@ class LanguageModelTask:
   def beam_search(self, params, prompt_tokens, num_beams: int, max_new_tokens: int, *,
                   length_penalty: float = 1.0, early_stopping: bool | str = False,
                   eos_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Beam search after each row of `prompt_tokens` [B, P] (rows of one length), as
-    transformers' `generate(num_beams=..., do_sample=False)` does (`inference/lm_beam_search.py`).
+    """Beam search after each prompt, as transformers' `generate(num_beams=...,
+    do_sample=False)` does (`inference/lm_beam_search.py`). `prompt_tokens`: an int array
+    [B, P] or B sequences of ids of any lengths (each row searched as its prompt alone).
 
     Returns (int32[B, num_beams, max_new_tokens], float32[B, num_beams]): the hypotheses best
     first, PAD after EOS, and their scores (sum of log-probs / length**length_penalty). EOS
     defaults to the task's; -1 lets every hypothesis run max_new_tokens. Prompt and new tokens
     must fit in cfg.max_len (one cache, no segments). Compiled once per shape and setting.
     """
-    prompt = np.asarray(prompt_tokens, np.int32)
+    rows = generation.prompt_rows(prompt_tokens)
     if num_beams < 1 or max_new_tokens < 1:
       raise ConfigError(f'num_beams and max_new_tokens must be positive, got {num_beams} and '
                         f'{max_new_tokens}')
-    if prompt.shape[1] + max_new_tokens > self.cfg.max_len:
-      raise ConfigError(f'prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) exceed '
+    longest = max(len(row) for row in rows)
+    if longest + max_new_tokens > self.cfg.max_len:
+      raise ConfigError(f'prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceed '
                         f'the context of {self.cfg.max_len} tokens; beam search runs one cache')
+    prompt, lengths = generation.pad_prompts(rows, self.cfg.max_len)
     with nn.logical_axis_rules(()):
-      sequences, scores = self._beam_fn(params, jnp.asarray(prompt), jnp.float32(length_penalty),
-                                        num_beams=num_beams, max_new_tokens=max_new_tokens,
+      sequences, scores = self._beam_fn(params, jnp.asarray(prompt), jnp.asarray(lengths),
+                                        jnp.float32(length_penalty), num_beams=num_beams,
+                                        max_new_tokens=max_new_tokens,
                                         early_stopping=early_stopping,
                                         eos_id=self.eos_id if eos_id is None else eos_id)
     return np.asarray(sequences), np.asarray(scores)
