@@ -19,16 +19,24 @@ tokens as the one-shot sampler for the same seed); --stream=false prints it all 
   python -m experiments.generate --workdir=/tmp/sc --prompts_file=prompts.txt \
       --output_format=jsonl --temperature=0
 
---prompts_file: one prompt per line (a line is a prompt, an empty one too), generated in batches:
-the prompts of one token length form one batch. The KV cache has one write index shared by all
-rows and positions are absolute, so left-padding shorter prompts would shift their positions and
-leave pad keys in the cache that the cached attention cannot mask; grouping by length gives every
-prompt exactly what it gets alone. Outputs come in file order. --output_format=jsonl writes one
-{"prompt", "completion"} object per line (also for --prompt).
+--prompts_file: one prompt per line (a line is a prompt, an empty one too), generated --batch_size
+prompts at a time in file order, prompts of any lengths in one batch (each row's KV cache keeps
+its own position, `inference/generation.py`); outputs come in file order, with a progress line
+per batch on stderr. Each line draws with its own key, fold_in(key(--seed), line number - 1), so
+its text does not depend on --batch_size or on the other lines (greedy: exactly what the prompt
+gets alone). --output_format=jsonl writes one {"prompt", "completion"} object per line (also for
+--prompt).
+
+  python -m experiments.generate --hf_dir=/path/to/gpt2 --prompts_file=prompts.txt \
+      --num_beams=4 --length_penalty=1.0 --max_new_tokens=40
+
+--num_beams > 1: beam search (as transformers' `generate(num_beams=...)`, length penalty on the
+generated tokens; `LanguageModelTask.beam_search`) prints each prompt's best hypothesis; the
+prompt and the new tokens must fit in the model's context.
 
 The prompt is fed after the token the model starts documents with (EOS, GPT-2's '<|endoftext|>',
-or LLaMA's BOS), and at most the model's context (max_len) is read. The same --seed gives the
-same text; --temperature=0 is greedy.
+or LLaMA's BOS); a prompt longer than the model's context (max_len) is refused. The same --seed
+gives the same text; --temperature=0 is greedy.
 """
 
 from transformer_jax.cli import process
@@ -63,6 +71,11 @@ _OUTPUT_FORMAT = flags.DEFINE_enum(
     'output_format', 'text', ['text', 'jsonl'],
     'text: prompt + continuation; jsonl: one JSON object '
     '{"prompt", "completion"} per line.')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 16, 'Prompts generated together (one batch).')
+_NUM_BEAMS = flags.DEFINE_integer('num_beams', 1, 'Beam search with this many beams; 1 = sample.')
+_LENGTH_PENALTY = flags.DEFINE_float(
+    'length_penalty', 1.0, 'Beam search: a hypothesis scores its log-probability / (new tokens '
+    '** length_penalty).')
 _STREAM = flags.DEFINE_boolean(
     'stream', True, 'Print the tokens of a single prompt and sample '
     'as they are drawn; false: all at the end.')
@@ -92,30 +105,57 @@ def read_prompts(path: str) -> list[str]:
   return prompts
 
 
-def generate_batch(task, tokenizer, params, prompts: list[str], max_new_tokens: int, rng, *,
-                   source: str | None = None, **sampling) -> list[str]:
-  """The completion of every prompt, in order; prompts of one token length share a batch.
-
-  `source` (the prompts file) names the line of a prompt that cannot be encoded."""
-  import numpy as np
+def encode_prompts(tokenizer, prompts: list[str], max_len: int, *,
+                   source: str | None = None) -> list[list[int]]:
+  """The ids of every prompt; one line naming the prompt (`source`:line) that cannot be encoded
+  or is longer than the model's context of `max_len` tokens."""
   from transformer_jax.data import lm as lm_data
   from transformer_jax.errors import DataError
   ids = []
   for line, prompt in enumerate(prompts, 1):
+    where = f'{source}:{line}: ' if source else ''
     try:
-      ids.append(lm_data.prompt_ids(tokenizer, prompt))
+      row = lm_data.prompt_ids(tokenizer, prompt)
     except DataError as error:
-      where = f'{source}:{line}: ' if source else ''
       raise DataError(f'{where}{error}') from None
-  groups: dict[int, list[int]] = {}
-  for i, row in enumerate(ids):
-    groups.setdefault(len(row), []).append(i)
-  completions = [''] * len(prompts)
-  for indices in groups.values():
-    tokens = task.generate(params, np.asarray([ids[i] for i in indices], np.int32), max_new_tokens,
-                           rng, **sampling)
-    for i, row in zip(indices, tokens):
-      completions[i] = tokenizer.decode(until_eos(row, task.eos_id))
+    if len(row) > max_len:
+      raise DataError(f'{where}the prompt is {len(row)} tokens, longer than the model\'s context '
+                      f'of {max_len}')
+    ids.append(row)
+  return ids
+
+
+def generate_batch(task, tokenizer, params, prompts: list[str], max_new_tokens: int, rng, *,
+                   batch_size: int = 16, num_beams: int = 1, length_penalty: float = 1.0,
+                   source: str | None = None, **sampling) -> list[str]:
+  """The completion of every prompt, in order: `batch_size` prompts (any lengths) per batch, in
+  file order. Prompt i draws with fold_in(rng, i); `num_beams` > 1: beam search's best.
+
+  `source` (the prompts file) names the line of a prompt that cannot be encoded."""
+  import time
+
+  import jax
+  import numpy as np
+  from absl import logging
+  ids = encode_prompts(tokenizer, prompts, task.cfg.max_len, source=source)
+  completions = []
+  start, generated = time.time(), 0
+  for first in range(0, len(ids), batch_size):
+    rows = ids[first:first + batch_size]
+    if num_beams > 1:
+      tokens = task.beam_search(params, rows, num_beams, max_new_tokens,
+                                length_penalty=length_penalty)[0][:, 0]
+    else:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng,
+                                                             np.arange(first, first + len(rows)))
+      tokens = task.generate(params, rows, max_new_tokens, keys, **sampling)
+    for row in tokens:
+      kept = until_eos(row, task.eos_id)
+      generated += len(kept)
+      completions.append(tokenizer.decode(kept))
+    done, elapsed = len(completions), time.time() - start
+    logging.info('prompts %d/%d: %.1f new tokens/s, %.0f s, ETA %.0f s', done, len(ids),
+                 generated / max(elapsed, 1e-9), elapsed, elapsed / done * (len(ids) - done))
   return completions
 
 
@@ -152,6 +192,10 @@ def main(argv):
   if bool(_WORKDIR.value) == bool(_HF_DIR.value):
     raise ConfigError('pass exactly one of --workdir (a directory trained by experiments.lm) and '
                       '--hf_dir (a Hugging Face model folder)')
+  if _BATCH_SIZE.value < 1:
+    raise ConfigError(f'--batch_size must be positive, got {_BATCH_SIZE.value}')
+  if _NUM_BEAMS.value < 1:
+    raise ConfigError(f'--num_beams must be positive, got {_NUM_BEAMS.value}')
   if _PROMPTS_FILE.value and _NUM_SAMPLES.value > 1:
     raise ConfigError('--num_samples applies to --prompt; with --prompts_file, repeat a line to '
                       'sample it again')
@@ -172,11 +216,24 @@ def main(argv):
     task, tokenizer, params = model.task, model.tokenizer, model.params
   rng = jax.random.key(_SEED.value)
   sampling = dict(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-  if len(prompts) == 1 and _STREAM.value and _OUTPUT_FORMAT.value == 'text':
+  streamed = _STREAM.value and _OUTPUT_FORMAT.value == 'text' and _NUM_BEAMS.value == 1
+  if len(prompts) == 1 and streamed:
+    encode_prompts(tokenizer, prompts, task.cfg.max_len)  # refuses one longer than the context
     stream_one(task, tokenizer, params, prompts[0], _MAX_NEW.value, rng, **sampling)
     return
-  completions = generate_batch(task, tokenizer, params, prompts, _MAX_NEW.value, rng,
-                               source=_PROMPTS_FILE.value, **sampling)
+  if _PROMPTS_FILE.value:
+    completions = generate_batch(task, tokenizer, params, prompts, _MAX_NEW.value, rng,
+                                 batch_size=_BATCH_SIZE.value, num_beams=_NUM_BEAMS.value,
+                                 length_penalty=_LENGTH_PENALTY.value, source=_PROMPTS_FILE.value,
+                                 **sampling)
+  elif _NUM_BEAMS.value > 1:  # --prompt: its best hypothesis (repeated --num_samples times)
+    completions = generate_batch(task, tokenizer, params, prompts[:1], _MAX_NEW.value, rng,
+                                 num_beams=_NUM_BEAMS.value,
+                                 length_penalty=_LENGTH_PENALTY.value) * len(prompts)
+  else:  # --prompt --num_samples=n: n rows drawing from one key together, as before
+    ids = encode_prompts(tokenizer, prompts, task.cfg.max_len)
+    tokens = task.generate(params, ids, _MAX_NEW.value, rng, **sampling)
+    completions = [tokenizer.decode(until_eos(row, task.eos_id)) for row in tokens]
   if _OUTPUT_FORMAT.value == 'jsonl':
     for prompt, completion in zip(prompts, completions):
       sys.stdout.write(json.dumps({'prompt': prompt, 'completion': completion}) + '\n')

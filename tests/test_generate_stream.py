@@ -128,21 +128,37 @@ def test_cli_stream_equals_one_shot(char_workdir):
 
 
 def test_prompts_file_batch_equals_each_prompt_alone(char_workdir, char_lm, tmp_path):
+  """Prompts of lengths 4, 10, 4, 8, 1, 4 in batches of 4 (two batches, file order): greedy, each
+  line gets what its prompt gets alone; sampled, line i draws with fold_in(key(seed), i), so the
+  text does not depend on --batch_size."""
   import jax
-  prompts = ['the ', 'the quick ', 'fox ', 'the lazy', 'a', 'dog ']  # lengths 4, 10, 4, 8, 1, 4
+  prompts = ['the ', 'the quick ', 'fox ', 'the lazy', 'a', 'dog ']
   path = tmp_path / 'prompts.txt'
   path.write_text('\n'.join(prompts) + '\n')
-  result = _cli('experiments.generate', f'--workdir={char_workdir}', f'--prompts_file={path}',
-                '--max_new_tokens=24', '--temperature=0', '--output_format=jsonl')
-  assert result.returncode == 0, result.stderr[-3000:]
-  lines = [json.loads(line) for line in result.stdout.splitlines()]
-  assert [line['prompt'] for line in lines] == prompts
   task, tokenizer, params = char_lm
-  for line in lines:
-    alone = task.generate(params, np.asarray([tokenizer.encode(line['prompt'])], np.int32), 24,
-                          jax.random.key(0), temperature=0.0)[0]
-    assert line['completion'] == tokenizer.decode(alone), line
-  assert len({line['completion'] for line in lines}) > 1  # the prompts matter
+
+  def run(*flags):
+    result = _cli('experiments.generate', f'--workdir={char_workdir}', f'--prompts_file={path}',
+                  '--max_new_tokens=24', '--output_format=jsonl', *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'prompts 6/6' in result.stderr and 'ETA' in result.stderr  # progress per batch
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line['prompt'] for line in lines] == prompts
+    return [line['completion'] for line in lines]
+
+  def alone(prompt, key, **sampling):
+    ids = np.asarray([tokenizer.encode(prompt)], np.int32)
+    return tokenizer.decode(task.generate(params, ids, 24, key, **sampling)[0])
+
+  greedy = run('--temperature=0', '--batch_size=4')
+  assert greedy == [alone(p, jax.random.key(0), temperature=0.0) for p in prompts]
+  assert len(set(greedy)) > 1  # the prompts matter
+  sampled = run('--temperature=1.0', '--top_k=8', '--seed=4', '--batch_size=4')
+  assert sampled == run('--temperature=1.0', '--top_k=8', '--seed=4', '--batch_size=1')
+  key = jax.random.key(4)
+  assert sampled == [
+      alone(p, jax.random.fold_in(key, i), temperature=1.0, top_k=8) for i, p in enumerate(prompts)
+  ]
 
 
 def test_generate_bad_inputs_are_one_line(char_workdir, tmp_path):
@@ -150,11 +166,18 @@ def test_generate_bad_inputs_are_one_line(char_workdir, tmp_path):
   empty.write_text('')
   bad = tmp_path / 'bad.txt'
   bad.write_text('the \nthe ~\n')
+  long = tmp_path / 'long.txt'
+  long.write_text('the \n' + 'a' * 17 + '\n')  # the model reads 16 characters
   cases = [
       ((f'--prompts_file={empty}',), 'has no lines'),
       ((f'--prompts_file={bad}',), f"{bad}:2: character '~'"),
       ((f'--prompts_file={bad}', '--num_samples=2'), '--num_samples applies to --prompt'),
       ((f'--prompts_file={tmp_path}/none.txt',), 'none.txt does not exist'),
+      ((f'--prompts_file={long}',), f'{long}:2: the prompt is 17 tokens, longer than the model\'s '
+       'context of 16'),
+      (('--prompt=' + 'the ' * 5,), 'the prompt is 20 tokens'),
+      ((f'--prompts_file={long}', '--batch_size=0'), '--batch_size must be positive'),
+      (('--num_beams=0',), '--num_beams must be positive'),
   ]
   bert = tmp_path / 'bert'
   bert.mkdir()
