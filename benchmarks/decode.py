@@ -21,8 +21,23 @@ Part 'throughput': generated tokens/s at each batch size, with and without the c
                step reruns the decoder over the whole target buffer (the encoder runs once).
   EOS is disabled so every run does the full number of steps (random parameters would stop
   at random points); tokens/s counts the batch's output tokens (best beam), not beams.
+Part 'transformers' (not in the default parts; tens of minutes): batched generation against
+  transformers' `generate`, on the same machine and the same prompts. `--num_prompts` (256)
+  windows of Tiny Shakespeare (`--corpus`), of lengths 8-200 (seeded), tokenized by a byte-level
+  BPE of 8,192 tokens trained on the corpus (GPT-2's own vocabulary files cannot be downloaded
+  here), each continued by `--new_tokens` (64) greedy tokens by GPT-2 small (124M, random
+  weights built by transformers and imported here: both run the same weights, fp32). Batches of
+  `--vs_batch_sizes` (1, 8, 32) prompts in file order: ours right-pads and keeps a position per
+  row (`inference/generation.py`), transformers left-pads with an attention mask. EOS is off.
+  Each engine runs in a fresh process, interleaved A B, B A over `--rounds`; a process first
+  generates one batch of every padded shape it will meet (so JAX compiles every program once,
+  reported as warm-up), then times every batch: tokens/s = prompts x new tokens / seconds. The
+  ratio is ours / transformers' per round; the median is reported. The greedy ids of the two
+  engines are compared too (rows identical: float rounding may flip a near tie on random
+  weights).
 Parameters are random (speed does not depend on them). Last line: one JSON object.
-Targets: cached time at 1024 <= 1.3x that at 64, and cached >= 10x faster than recompute at 1024.
+Targets: cached time at 1024 <= 1.3x that at 64, and cached >= 10x faster than recompute at
+1024; part 'transformers': ours ahead at every batch size.
 """
 
 import os
@@ -52,6 +67,18 @@ _TARGET_LEN = flags.DEFINE_integer('target_len', 32, 'Translation steps (output 
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Translation beam size.')
 _CONTEXT_MODELS = flags.DEFINE_list('context_models', ['baby', 'gpt2'],
                                     "GPT sizes for the context part: 'baby', 'gpt2' (124M).")
+_NUM_PROMPTS = flags.DEFINE_integer('num_prompts', 256, "Part 'transformers': prompts.")
+_VS_BATCHES = flags.DEFINE_list('vs_batch_sizes', ['1', '8', '32'],
+                                "Part 'transformers': batch sizes.")
+_ROUNDS = flags.DEFINE_integer('rounds', 2, "Part 'transformers': interleaved rounds.")
+_CORPUS = flags.DEFINE_string(
+    'corpus',
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..', 'shared',
+                 'data', 'tinyshakespeare', 'input.txt'), "Part 'transformers': the prompts' text.")
+_ENGINE = flags.DEFINE_enum('engine', None, ['jax', 'torch'],
+                            "Internal: one timed run of part 'transformers' in this process.")
+_WORK = flags.DEFINE_string('work', None, "Internal: part 'transformers' model and prompts.")
+_ENGINE_BATCH = flags.DEFINE_integer('engine_batch', 1, "Internal: the run's batch size.")
 NO_EOS = -1  # an id no step can emit: every decode runs its full length
 
 
@@ -204,7 +231,12 @@ def throughput_part(repeats: int) -> dict:
 
 def main(argv):
   del argv
+  if _ENGINE.value:
+    print(json.dumps(engine_run(_ENGINE.value, _WORK.value, _ENGINE_BATCH.value)), flush=True)
+    return
   out = {'benchmark': 'decode'}
+  if 'transformers' in _PARTS.value:
+    out['transformers'] = transformers_part()
   if 'throughput' in _PARTS.value:
     out['throughput'] = throughput_part(_REPEATS.value)
   if 'context' in _PARTS.value:
@@ -307,6 +339,163 @@ def context_part() -> dict:
         f'speedup_at_{last}': round(results[last][1][0] / results[last][0][0], 1),
     }
   return {'device': jax.devices()[0].platform, 'context': out}
+
+
+# -- part 'transformers' -------------------------------------------------------------------------
+
+
+def corpus_prompts(path: str, count: int, seed: int = 0) -> list[list[int]]:
+  """`count` windows of the corpus of 8-200 tokens (seeded), as ids of a byte-level BPE of 8,192
+  tokens trained on it."""
+  import numpy as np
+  import tokenizers
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  tokenizer = tokenizers.ByteLevelBPETokenizer()
+  tokenizer.train_from_iterator([text], vocab_size=8192, show_progress=False)
+  ids = tokenizer.encode(text).ids
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(8, 201, count)
+  starts = rng.integers(0, len(ids) - 201, count)
+  return [ids[start:start + n] for start, n in zip(starts.tolist(), lengths.tolist())]
+
+
+def engine_run(engine: str, work: str, batch_size: int) -> dict:
+  """One process's run: warm-up (one batch of every padded shape), then every batch timed."""
+  import numpy as np
+  with open(os.path.join(work, 'prompts.json')) as f:
+    prompts = json.load(f)
+  new = _NEW.value
+  batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+  generate, shape_of = (_jax_generator if engine == 'jax' else _torch_generator)(work, new)
+  start = time.perf_counter()
+  seen = set()
+  for batch in batches:
+    if shape_of(batch) not in seen:
+      seen.add(shape_of(batch))
+      generate(batch)
+  warmup = time.perf_counter() - start
+  start = time.perf_counter()
+  outputs = [generate(batch) for batch in batches]
+  seconds = time.perf_counter() - start
+  ids = np.concatenate(outputs)
+  np.save(os.path.join(work, f'{engine}_{batch_size}.npy'), ids)
+  assert ids.shape == (len(prompts), new), ids.shape
+  return {
+      'engine': engine, 'batch_size': batch_size, 'seconds': seconds,
+      'tokens_per_s': ids.size / seconds, 'warmup_s': warmup, 'shapes': len(seen)
+  }
+
+
+def _jax_generator(work: str, new: int):
+  import jax
+  from transformer_jax.convert import hf_gpt2
+  from transformer_jax.inference import generation
+  from transformer_jax.tasks.lm import LanguageModelTask
+  loaded = hf_gpt2.load(os.path.join(work, 'gpt2'))
+  task = LanguageModelTask(loaded.config)  # no EOS: every row runs its budget
+  params = jax.device_put(loaded.params)  # once, as experiments.generate does
+  key = jax.random.key(0)
+
+  def generate(batch):
+    return task.generate(params, batch, new, key, temperature=0.0)
+
+  def shape_of(batch):
+    return len(batch), generation.pad_prompts(generation.prompt_rows(batch),
+                                              loaded.config.max_len)[0].shape[1]
+
+  return generate, shape_of
+
+
+def _torch_generator(work: str, new: int):
+  import numpy as np
+  import torch
+  import transformers
+  model = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(work, 'gpt2')).eval()
+  model.generation_config.eos_token_id = None
+
+  def generate(batch):
+    longest = max(len(row) for row in batch)
+    ids = torch.zeros((len(batch), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(batch):  # left padding, as transformers asks of a decoder-only model
+      ids[i, longest - len(row):] = torch.tensor(row)
+      mask[i, longest - len(row):] = 1
+    with torch.inference_mode():
+      out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                           min_new_tokens=new, pad_token_id=0, eos_token_id=None)
+    return np.asarray(out[:, longest:], np.int32)
+
+  def shape_of(batch):  # one warm-up call is enough for eager PyTorch
+    return 'any'
+
+  return generate, shape_of
+
+
+def transformers_part() -> dict:
+  """Fresh processes per engine and batch size, interleaved; the median per-round ratio."""
+  import statistics
+  import subprocess
+  import tempfile
+
+  import numpy as np
+  import torch
+  import transformers
+  from tools import machine
+  work = tempfile.mkdtemp(prefix='decode_vs_transformers_')
+  torch.manual_seed(0)
+  transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(os.path.join(
+      work, 'gpt2'))
+  prompts = corpus_prompts(_CORPUS.value, _NUM_PROMPTS.value)
+  with open(os.path.join(work, 'prompts.json'), 'w') as f:
+    json.dump(prompts, f)
+  logging.info('%d prompts of %d-%d tokens (mean %.1f), %d new tokens each; work in %s',
+               len(prompts), min(map(len, prompts)), max(map(len, prompts)),
+               np.mean([len(p) for p in prompts]), _NEW.value, work)
+  runs: dict[int, dict[str, list[dict]]] = {}
+  for round_ in range(_ROUNDS.value):
+    for batch_size in [int(b) for b in _VS_BATCHES.value]:
+      order = ('jax', 'torch') if round_ % 2 == 0 else ('torch', 'jax')
+      for engine in order:
+        command = [
+            sys.executable,
+            os.path.abspath(__file__), f'--engine={engine}', f'--work={work}',
+            f'--engine_batch={batch_size}', f'--new_tokens={_NEW.value}'
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode:
+          raise RuntimeError(f'{engine} run failed: {result.stderr[-2000:]}')
+        run = json.loads(result.stdout.strip().splitlines()[-1])
+        runs.setdefault(batch_size, {}).setdefault(engine, []).append(run)
+        logging.info('round %d batch %d %s: %.1f tokens/s (warm-up %.1f s, %d shapes)', round_,
+                     batch_size, engine, run['tokens_per_s'], run['warmup_s'], run['shapes'])
+  table = {}
+  for batch_size, by_engine in runs.items():
+    ratios = [
+        a['tokens_per_s'] / b['tokens_per_s'] for a, b in zip(by_engine['jax'], by_engine['torch'])
+    ]
+    ours = np.load(os.path.join(work, f'jax_{batch_size}.npy'))
+    theirs = np.load(os.path.join(work, f'torch_{batch_size}.npy'))
+    table[str(batch_size)] = {
+        'jax_tokens_per_s': [round(r['tokens_per_s'], 1) for r in by_engine['jax']],
+        'torch_tokens_per_s': [round(r['tokens_per_s'], 1) for r in by_engine['torch']],
+        'ratios': [round(r, 3) for r in ratios],
+        'median_ratio': round(statistics.median(ratios), 3),
+        'jax_warmup_s': [round(r['warmup_s'], 1) for r in by_engine['jax']],
+        'jax_shapes': by_engine['jax'][0]['shapes'],
+        'rows_identical_to_transformers': round(float(np.mean((ours == theirs).all(1))), 4),
+        'tokens_identical_to_transformers': round(float(np.mean(ours == theirs)), 4),
+    }
+    print(
+        f'batch {batch_size}: ours {table[str(batch_size)]["jax_tokens_per_s"]} tokens/s, '
+        f'transformers {table[str(batch_size)]["torch_tokens_per_s"]}: median ratio '
+        f'{table[str(batch_size)]["median_ratio"]}; rows with identical ids '
+        f'{table[str(batch_size)]["rows_identical_to_transformers"]:.1%}', flush=True)
+  return {
+      'cpu': machine.cpu_model(), 'commit': machine.git_commit(), 'torch': torch.__version__,
+      'transformers': transformers.__version__, 'prompts': len(prompts), 'new_tokens': _NEW.value,
+      'batches': table
+  }
 
 
 if __name__ == '__main__':

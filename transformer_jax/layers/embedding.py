@@ -4,6 +4,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 
 def whole_rows(table: jnp.ndarray) -> jnp.ndarray:
@@ -38,7 +39,12 @@ class Embed(nn.Module):
     return jnp.take(whole_rows(self.embedding), tokens, axis=0).astype(self.dtype)
 
   def attend(self, x: jnp.ndarray) -> jnp.ndarray:
-    """Logits x @ E^T over the vocabulary, as one 2-D matmul."""
+    """Logits x @ E^T over the vocabulary, as one 2-D matmul.
+
+    Written as a contraction over both operands' feature axes, not as a matmul with E.T: with one
+    row per step (decoding), XLA:CPU copied the transposed table (154 MB for GPT-2) at every
+    step, which made the projection 4x slower than reading E in place.
+    """
     flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
-    logits = flat @ self.embedding.astype(self.dtype).T
+    logits = lax.dot_general(flat, self.embedding.astype(self.dtype), (((1,), (1,)), ((), ())))
     return logits.reshape(x.shape[:-1] + (self.num_embeddings,))

@@ -157,8 +157,8 @@ class LanguageModelTask:
                    max_new_tokens: int, early_stopping, eos_id: int | None):
     """`beam_search` on the device: prefill all but each row's last prompt token (`prompt`
     [B, P] right-padded, row i `lengths[i]` long), then search."""
-    params, cache, last = self._sampler.filled_cache(params, prompt, lengths,
-                                                     prompt.shape[1] + max_new_tokens - 1)
+    params, cache, last = self._sampler.filled_cache(
+        params, prompt, lengths, generation.cache_slots(prompt.shape[1], max_new_tokens))
 
     def tokens_to_logits(tokens, cache):
       logits, cache = self._run_decode(params, cache, tokens)

@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -286,7 +287,8 @@ def load_hf_model(directory: str):
         f'{family.name} model\'s embedding has {cfg.vocab_size} rows; use the tokenizer '
         'the model was trained with')
   task = LanguageModelTask(cfg, tokenizer=tokenizer, eos_id=tokenizer.eos_id)
-  return task, tokenizer, params
+  # On the device once: host arrays would be copied in again by every generation call.
+  return task, tokenizer, jax.device_put(params)
 
 
 def evaluation_tokens(tokenizer, text: str) -> tuple[np.ndarray, str, int]:
