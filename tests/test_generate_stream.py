@@ -190,3 +190,18 @@ def test_generate_bad_inputs_are_one_line(char_workdir, tmp_path):
   line = _one_error_line(_cli('experiments.generate', f'--workdir={bert}', '--max_new_tokens=4'))
   assert 'not a language-model workdir' in line
   assert _snapshot(char_workdir) == before and os.listdir(bert) == ['config.json']
+
+
+def test_prompts_file_with_beams_prints_each_best_hypothesis(char_workdir, char_lm, tmp_path):
+  prompts = ['the ', 'fox jumps ', 'a']
+  path = tmp_path / 'prompts.txt'
+  path.write_text('\n'.join(prompts) + '\n')
+  result = _cli('experiments.generate', f'--workdir={char_workdir}', f'--prompts_file={path}',
+                '--max_new_tokens=5', '--num_beams=3', '--length_penalty=0.5',
+                '--output_format=jsonl', '--batch_size=2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  task, tokenizer, params = char_lm
+  best, _ = task.beam_search(params, [tokenizer.encode(p) for p in prompts], 3, 5,
+                             length_penalty=0.5)
+  lines = [json.loads(line) for line in result.stdout.splitlines()]
+  assert [line['completion'] for line in lines] == [tokenizer.decode(row) for row in best[:, 0]]

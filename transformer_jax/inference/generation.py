@@ -89,8 +89,12 @@ def cache_slots(width: int, num_new: int) -> int:
   Rounded because the cached attention step sums over the slots by halving them
   (`kernels/cached_attention.py`): an odd count carries its last slot through every halving,
   which made the step's attention ~30% slower (GPT-2 small, batch 32, 287 slots against 288).
+  Multiples of 256 are skipped: 256 and 512 slots were slower than 288 and 544 (GPT-2 small's
+  12 layers at batch 8, three interleaved runs on machine G: 16-21 ms against 12-15 ms, 24-28
+  against 19-23), the halves then falling on addresses that compete for the same cache sets.
   Slots past a row's position are masked, so their number changes no result."""
-  return -(-(width + num_new - 1) // LENGTH_BUCKET) * LENGTH_BUCKET
+  slots = -(-(width + num_new - 1) // LENGTH_BUCKET) * LENGTH_BUCKET
+  return slots + LENGTH_BUCKET if slots % 256 == 0 else slots
 
 
 def pad_prompts(rows: list[np.ndarray], limit: int) -> tuple[np.ndarray, np.ndarray]:
