@@ -15,6 +15,15 @@ from transformer_jax import precision, xla_options  # import no jax
 
 import deprecations  # tests/deprecations.py
 
+# TensorFlow (the tfds tests load it) and triton (torch loads it when transformers imports its
+# generation code) both carry native LLVM code: loading triton into a process that holds
+# TensorFlow 2.21 segfaults, so an xdist worker that ran a tfds test died in the next parity
+# test. Loaded in the other order, both work; triton comes with torch (the parity extra).
+try:
+  import triton  # noqa: F401
+except ImportError:
+  pass
+
 deprecations.install()  # before jax, flax and optax are imported
 
 # Tests compile hundreds of tiny programs and run each for a few steps, so compiling fast beats
