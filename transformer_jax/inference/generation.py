@@ -175,11 +175,14 @@ class Sampler:
     self.apply_fn, self.new_cache, self.set_positions = apply_fn, new_cache, set_positions
     self.prepare_params = prepare_params
     self.max_len = max_len
-    # One jitted segment sampler; jit retraces it only for a new (shape, num_new, eos, rule).
-    self._segment_fn = jax.jit(self._sample_segment, static_argnames=('num_new', 'eos_id', 'rule'),
-                               compiler_options=search.decode_compiler_options())
-    # Streaming: the same segments, one jitted call per token.
+    # A segment is two jitted calls: the prefill, compiled with XLA's defaults (matrix products
+    # of many rows), and the decoding loop, with `search.decode_compiler_options()` (matrix-
+    # vector products); one program for both ran one of them slower. jit retraces them only for
+    # a new (shape, num_new, eos, rule).
     self._prefill_fn = jax.jit(self._prefill, static_argnames=('cache_len',))
+    self._loop_fn = jax.jit(self._decode_loop, static_argnames=('num_new', 'eos_id', 'rule'),
+                            compiler_options=search.decode_compiler_options())
+    # Streaming: the same prefill, then one jitted call per token.
     self._step_fn = jax.jit(self._decode_step, static_argnames=('eos_id', 'rule'),
                             compiler_options=search.decode_compiler_options())
 
@@ -209,15 +212,13 @@ class Sampler:
 
     return tokens_to_logits
 
-  def _sample_segment(self, params, contexts, lengths, budgets, keys, temperature, top_k, top_p, *,
-                      num_new: int, eos_id: int | None, rule: str):
-    """Up to `num_new` tokens after each row of `contexts` [B, P] (row i: budgets[i] of them),
-    with a cache of at least P + num_new - 1 slots (the last sampled token is never fed back;
-    `cache_slots`)."""
-    params, cache, last = self.filled_cache(params, contexts, lengths,
-                                            cache_slots(contexts.shape[1], num_new))
-    return search.sample(self._last_logits(params), cache, keys, first_tokens=last, max_len=num_new,
-                         budgets=budgets, eos_id=eos_id,
+  def _decode_loop(self, params, cache, last, budgets, keys, temperature, top_k, top_p, *,
+                   num_new: int, eos_id: int | None, rule: str):
+    """Up to `num_new` tokens after the prefilled `cache` (`_prefill`), feeding `last` first
+    (row i: budgets[i] of them). The cache has at least P + num_new - 1 slots (the last sampled
+    token is never fed back; `cache_slots`)."""
+    return search.sample(self._last_logits(self.prepare_params(params)), cache, keys,
+                         first_tokens=last, max_len=num_new, budgets=budgets, eos_id=eos_id,
                          select=select_fn(keys, temperature, top_k, top_p, rule=rule))
 
   def _decode_step(self, params, cache, tokens, finished, budgets, keys, step, temperature, top_k,
@@ -297,11 +298,12 @@ class Sampler:
                                                top_k, top_p)
 
     def whole_segment(contexts, lengths, wanted, seg_keys, num_new):
+      cache, last = self._prefill_fn(params, jnp.asarray(contexts), jnp.asarray(lengths),
+                                     cache_len=cache_slots(contexts.shape[1], num_new))
       yield np.asarray(
           jax.device_get(
-              self._segment_fn(params, jnp.asarray(contexts), jnp.asarray(lengths),
-                               jnp.asarray(wanted), seg_keys, *knobs.arrays(), num_new=num_new,
-                               eos_id=eos_id, rule=knobs.rule)))
+              self._loop_fn(params, cache, last, jnp.asarray(wanted), seg_keys, *knobs.arrays(),
+                            num_new=num_new, eos_id=eos_id, rule=knobs.rule)))
 
     out = np.full((len(rows), int(budgets.max())), PAD_ID, np.int32)
     for t, column in enumerate(self._schedule(rows, budgets, keys, eos_id, whole_segment)):

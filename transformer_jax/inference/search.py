@@ -80,13 +80,19 @@ def gather_beams(tree: PyTree, beam_indices: jnp.ndarray, batch_size: int,
 def decode_compiler_options() -> dict[str, str] | None:
   """Compiler options for a jitted decode loop: `jax.jit(fn, compiler_options=...)`.
 
-  XLA:CPU hands small reductions to its YNNPACK library fusions, whose per-call overhead made a
-  cached decoding step (a few tiny reductions per layer, `kernels.decode_step_attention`)
-  4-8x slower than XLA's own loop fusions. The option exists only on CPU (None elsewhere).
+  A decoding step is matrix-vector products (bound by reading the weights) and a few tiny
+  reductions per layer (`kernels.decode_step_attention`). XLA:CPU's own emitter runs a
+  matrix-vector product on one thread; its YNNPACK library fusion spreads it over the cores and
+  read GPT-2 small's weights 1.6-1.8x faster (ms per step at batch 1 / 8: 37-46 / 91-94 -> 22-24
+  / 49-51, 2 cores, jax 0.12.1, docs/performance.md). YNNPACK's reductions, on the other hand,
+  cost more per call than XLA's loop fusions: with them too (XLA's default) small models decode
+  up to 1.3x slower. So dots go to YNNPACK and nothing else. The option exists only on CPU (None
+  elsewhere); a prefill (many rows) is faster with XLA's defaults.
   """
   if jax.default_backend() != 'cpu':
     return None
-  return xla_options.compiler_options(xla_cpu_experimental_ynn_fusion_type='') or None
+  return xla_options.compiler_options(
+      xla_cpu_experimental_ynn_fusion_type='LIBRARY_FUSION_TYPE_DOT') or None
 
 
 def decode_step(tokens_to_logits: TokensToLogits, select_fn: SelectFn, cache: PyTree,
