@@ -83,8 +83,8 @@ def decode_compiler_options() -> dict[str, str] | None:
   A decoding step is matrix-vector products (bound by reading the weights) and a few tiny
   reductions per layer (`kernels.decode_step_attention`). XLA:CPU's own emitter runs a
   matrix-vector product on one thread; its YNNPACK library fusion spreads it over the cores and
-  read GPT-2 small's weights 1.6-1.8x faster (ms per step at batch 1 / 8: 37-46 / 91-94 -> 22-24
-  / 49-51, 2 cores, jax 0.12.1, docs/performance.md). YNNPACK's reductions, on the other hand,
+  read GPT-2 small's weights 1.5-1.8x faster (ms per step at batch 1 / 8: 37-46 / 91-94 -> 22-24
+  / 49-60, 2 cores, jax 0.12.1, docs/performance.md). YNNPACK's reductions, on the other hand,
   cost more per call than XLA's loop fusions: with them too (XLA's default) small models decode
   up to 1.3x slower. So dots go to YNNPACK and nothing else. The option exists only on CPU (None
   elsewhere); a prefill (many rows) is faster with XLA's defaults.
