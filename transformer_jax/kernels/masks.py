@@ -38,3 +38,12 @@ def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
 def as_4d(x):
   """A mask/bias broadcastable to [B, H, T, S], with its missing leading axes made explicit."""
   return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def zero_fully_masked_rows(out, mask):
+  """Fused kernels average over a fully masked row; the reference outputs zero there."""
+  if mask is None:
+    return out
+  mask = as_4d(mask)
+  any_visible = jnp.any(mask, axis=-1)  # [B or 1, H or 1, T or 1]
+  return out * jnp.swapaxes(any_visible, 1, 2)[..., None].astype(out.dtype)
