@@ -43,8 +43,8 @@ _TITLE = flags.DEFINE_string(
 
 def bert_attention(config, workdir: str, text: str):
   """A BERT workdir (pretrained or fine-tuned) reading [CLS] text [SEP]."""
-  from transformer_jax import visualize
   from transformer_jax.models.bert import Bert
+  from transformer_jax.visualize import attention_maps
   from transformer_jax.workflows import bert
   if config.mode == 'pretrain':
     cfg, params, tokenizer = bert.restore_pretrained(workdir)
@@ -60,14 +60,14 @@ def bert_attention(config, workdir: str, text: str):
   model = Bert(cfg, type_vocab_size=params['segment_embedding'].shape[0], mlm=False,
                sentence_classes=0)
   import jax.numpy as jnp
-  maps = visualize.encoder_attention(model, params, tokenizer, ids,
-                                     jnp.asarray([segments], jnp.int32), method='encode')
+  maps = attention_maps.encoder_attention(model, params, tokenizer, ids,
+                                          jnp.asarray([segments], jnp.int32), method='encode')
   return maps, f'BERT self-attention ({config.mode})', f'text: {text}'
 
 
-def attention_maps(config, workdir: str, text: str, target: str | None):
+def model_attention(config, workdir: str, text: str, target: str | None):
   """(maps, title, description) for the workdir's model reading `text`."""
-  from transformer_jax import visualize
+  from transformer_jax.visualize import attention_maps
   from transformer_jax.workflows import experiments
   kind = experiments.of_config(config).name
   if kind == experiments.TRANSLATION:
@@ -77,8 +77,8 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
     if target is None:
       target = task.translate(params, [text], model.mesh)[0]
       logging.info('model translation: %s', target)
-    maps = visualize.translation_attention(task.model, params, task.src_tokenizer,
-                                           task.tgt_tokenizer, text, target)
+    maps = attention_maps.translation_attention(task.model, params, task.src_tokenizer,
+                                                task.tgt_tokenizer, text, target)
     return maps, 'Translation attention', f'source: {text}\ntarget: {target}'
   if target is not None:
     raise ConfigError(f'--target is for translation workdirs, not this {kind} one: pass '
@@ -86,8 +86,8 @@ def attention_maps(config, workdir: str, text: str, target: str | None):
   if kind == experiments.LM:
     from transformer_jax.workflows import lm
     model = lm.restore_for_inference(config, workdir)
-    return (visualize.lm_attention(model.task.model, model.params, model.tokenizer,
-                                   text), 'GPT self-attention', f'text: {text}')
+    return (attention_maps.lm_attention(model.task.model, model.params, model.tokenizer,
+                                        text), 'GPT self-attention', f'text: {text}')
   return bert_attention(config, workdir, text)
 
 
@@ -118,7 +118,8 @@ def main(argv):
   else:
     raise ConfigError('--out=DIR is required without --workdir')
   config = load_saved_config(workdir) if wants_model else None
-  from transformer_jax import visualize  # jax and matplotlib: only once the flags are good
+  # jax and matplotlib: only once the flags are good
+  from transformer_jax.visualize import canvas, curves, heatmaps, positions
   try:
     os.makedirs(out, exist_ok=True)
   except OSError as error:
@@ -126,27 +127,27 @@ def main(argv):
 
   extra = []
   if _POSITIONS.value:
-    visualize.save_png(visualize.plot_positions(_LENGTH.value, _WIDTH.value),
-                       os.path.join(out, 'positions.png'))
+    canvas.save_png(positions.plot_positions(_LENGTH.value, _WIDTH.value),
+                    os.path.join(out, 'positions.png'))
     extra.append((f'sinusoidal position encoding, {_LENGTH.value} positions x {_WIDTH.value} '
                   'dimensions', 'positions.png'))
   if _CURVES.value:
     path = os.path.join(workdir, 'metrics.jsonl')
     if not os.path.exists(path):
       raise ConfigError(f'{path} does not exist: train a model in {workdir} first')
-    figure = visualize.plot_curves(visualize.read_metrics(path), _TITLE.value or
-                                   os.path.basename(workdir))
-    visualize.save_png(figure, os.path.join(out, 'curves.png'))
+    figure = curves.plot_curves(curves.read_metrics(path), _TITLE.value or
+                                os.path.basename(workdir))
+    canvas.save_png(figure, os.path.join(out, 'curves.png'))
     extra.append(('training curves', 'curves.png'))
   maps, title, description = [], 'Pictures', ''
   if wants_model:
-    maps, title, description = attention_maps(config, workdir, _TEXT.value, _TARGET.value)
+    maps, title, description = model_attention(config, workdir, _TEXT.value, _TARGET.value)
   if _TITLE.value:
     title = _TITLE.value
   elif workdir:
     title = f'{title}: {os.path.basename(workdir)}'
-  index = visualize.write_attention_report(out, maps, title=title, description=description,
-                                           extra=extra)
+  index = heatmaps.write_attention_report(out, maps, title=title, description=description,
+                                          extra=extra)
   count = len([n for n in os.listdir(out) if n.endswith('.png')])
   sys.stdout.write(f'{count} pictures in {out}; open {index}\n')
 

@@ -1,4 +1,4 @@
-"""Tests for the pictures (transformer_jax/visualize.py, experiments/visualize.py).
+"""Tests for the pictures (transformer_jax/visualize/, experiments/visualize.py).
 
 The attention weights must be the model's own: rows that sum to 1, exactly zero where the
 padding or causal mask hides a key, and the same whatever attention implementation the config
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import visualize
+from transformer_jax.visualize import attention_maps, canvas, curves, heatmaps, positions
 from transformer_jax.data import lm as lm_data
 from transformer_jax.errors import DataError
 from transformer_jax.model_config import ATTENTION_IMPLEMENTATIONS, TransformerConfig
@@ -55,7 +55,7 @@ TARGET = np.asarray([[4, 5, 1, 0, 0], [4, 9, 9, 9, 1]], np.int32)
 @pytest.mark.slow
 def test_encoder_decoder_weights_sum_to_one_and_are_zero_where_masked():
   model, params = tiny_encoder_decoder()
-  maps = visualize.collect_attention(model, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
+  maps = attention_maps.collect_attention(model, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
   assert list(maps) == [
       'encoder/layer_0/self_attention', 'encoder/layer_1/self_attention',
       'decoder/layer_0/self_attention', 'decoder/layer_0/cross_attention',
@@ -88,13 +88,14 @@ def test_capture_uses_the_weight_returning_path_whatever_the_implementation():
   """Each configured implementation yields the same weights, and capturing them leaves the
   model's output unchanged."""
   model, params = tiny_encoder_decoder(num_encoder_layers=1, num_decoder_layers=1)
-  reference = visualize.collect_attention(model, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
+  reference = attention_maps.collect_attention(model, params, jnp.asarray(SOURCE),
+                                               jnp.asarray(TARGET))
   logits = model.apply({'params': params}, SOURCE, TARGET)
   captured, _ = model.apply({'params': params}, SOURCE, TARGET, mutable=['intermediates'])
   np.testing.assert_allclose(captured, logits, atol=1e-5)
   for implementation in [i for i in ATTENTION_IMPLEMENTATIONS if i != 'cudnn']:
     other = EncoderDecoder(model.cfg.replace(attention_implementation=implementation))
-    maps = visualize.collect_attention(other, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
+    maps = attention_maps.collect_attention(other, params, jnp.asarray(SOURCE), jnp.asarray(TARGET))
     for name in reference:
       np.testing.assert_array_equal(maps[name], reference[name], err_msg=implementation)
 
@@ -103,7 +104,7 @@ def test_capture_uses_the_weight_returning_path_whatever_the_implementation():
 def test_gpt_weights_are_causal_and_labelled_with_the_characters():
   model, params = tiny_gpt()
   tokenizer = lm_data.CharTokenizer(list('abcdefgh ij\nklmnopqrstuvwxyz.,'))
-  maps = visualize.lm_attention(model, params, tokenizer, 'a cab\nfed')
+  maps = attention_maps.lm_attention(model, params, tokenizer, 'a cab\nfed')
   assert [m.name for m in maps] == [f'stack/layer_{i}/self_attention' for i in range(3)]
   for amap in maps:
     assert amap.queries == amap.keys == ['a', '␣', 'c', 'a', 'b', '\\n', 'f', 'e', 'd']
@@ -111,7 +112,7 @@ def test_gpt_weights_are_causal_and_labelled_with_the_characters():
     np.testing.assert_allclose(amap.weights.sum(-1), 1.0, atol=1e-5)
     assert np.all(amap.weights[:, np.triu(np.ones((9, 9), bool), 1)] == 0.0)
   with pytest.raises(DataError, match='at most 16'):
-    visualize.lm_attention(model, params, tokenizer, 'abcdefgh' * 3)
+    attention_maps.lm_attention(model, params, tokenizer, 'abcdefgh' * 3)
 
 
 def test_lm_task_summary_images_skip_characters_the_vocabulary_lacks():
@@ -142,8 +143,8 @@ def test_bert_weights_see_only_the_real_tokens():
   tokens = jnp.ones((1, 4), jnp.int32)
   params = nn.meta.unbox(model.init(jax.random.key(2), tokens, jnp.zeros_like(tokens))['params'])
   ids = [2, 7, 8, 9, 3, 0, 0]
-  maps = visualize.encoder_attention(model, params, Vocabulary(), ids, jnp.zeros((1, 7), jnp.int32),
-                                     method='encode')
+  maps = attention_maps.encoder_attention(model, params, Vocabulary(), ids,
+                                          jnp.zeros((1, 7), jnp.int32), method='encode')
   assert [m.name for m in maps
          ] == ['encoder/layer_0/self_attention', 'encoder/layer_1/self_attention']
   for amap in maps:
@@ -157,8 +158,8 @@ def test_scanned_layers_give_the_same_maps_as_unrolled_ones():
   model, params = tiny_gpt()
   scanned = GPT(model.cfg.replace(scan_layers=True))
   tokens = jnp.asarray([[3, 4, 5, 6, 7]], jnp.int32)
-  unrolled_maps = visualize.collect_attention(model, params, tokens)
-  scanned_maps = visualize.collect_attention(scanned, scan_layout.stack_layers(params), tokens)
+  unrolled_maps = attention_maps.collect_attention(model, params, tokens)
+  scanned_maps = attention_maps.collect_attention(scanned, scan_layout.stack_layers(params), tokens)
   assert list(scanned_maps) == list(unrolled_maps)
   for name, weights in unrolled_maps.items():
     np.testing.assert_allclose(scanned_maps[name], weights, atol=1e-6)
@@ -169,34 +170,36 @@ def test_scanned_layers_give_the_same_maps_as_unrolled_ones():
 
 def test_pictures_have_the_promised_pixel_size(tmp_path):
   model, params = tiny_encoder_decoder()
-  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[:1]), jnp.asarray(TARGET[:1]))
+  raw = attention_maps.collect_attention(model, params, jnp.asarray(SOURCE[:1]),
+                                         jnp.asarray(TARGET[:1]))
   labels = [str(i) for i in range(7)]
-  amap = visualize.AttentionMap('decoder/layer_0/cross_attention',
-                                raw['decoder/layer_0/cross_attention'][0], labels[:5], labels)
-  path = visualize.save_png(visualize.plot_attention(amap, 1), str(tmp_path / 'head.png'))
-  width, height = visualize.heatmap_figsize(5, 7)
-  assert visualize.png_size(path) == (round(width * visualize.DPI), round(height * visualize.DPI))
+  amap = attention_maps.AttentionMap('decoder/layer_0/cross_attention',
+                                     raw['decoder/layer_0/cross_attention'][0], labels[:5], labels)
+  path = canvas.save_png(heatmaps.plot_attention(amap, 1), str(tmp_path / 'head.png'))
+  width, height = heatmaps.heatmap_figsize(5, 7)
+  assert canvas.png_size(path) == (round(width * canvas.DPI), round(height * canvas.DPI))
   # Longer sequences get smaller cells but stay bounded.
-  assert visualize.heatmap_figsize(500, 500)[0] < visualize.heatmap_figsize(40, 40)[0] * 2
-  path = visualize.save_png(visualize.plot_positions(50, 32), str(tmp_path / 'positions.png'))
-  assert visualize.png_size(path) == (1600, 480)
-  figure = visualize.plot_grid([amap, amap], 'two rows')
-  image = visualize.figure_to_array(figure)
+  assert heatmaps.heatmap_figsize(500, 500)[0] < heatmaps.heatmap_figsize(40, 40)[0] * 2
+  path = canvas.save_png(positions.plot_positions(50, 32), str(tmp_path / 'positions.png'))
+  assert canvas.png_size(path) == (1600, 480)
+  figure = heatmaps.plot_grid([amap, amap], 'two rows')
+  image = canvas.figure_to_array(figure)
   assert image.dtype == np.uint8 and image.shape == (round(
-      figure.get_figheight() * visualize.DPI), round(figure.get_figwidth() * visualize.DPI), 3)
+      figure.get_figheight() * canvas.DPI), round(figure.get_figwidth() * canvas.DPI), 3)
   assert image.std() > 10  # something was drawn
 
 
 @pytest.mark.slow
 def test_report_index_shows_every_picture(tmp_path):
   model, params = tiny_encoder_decoder()
-  raw = visualize.collect_attention(model, params, jnp.asarray(SOURCE[1:]), jnp.asarray(TARGET[1:]))
+  raw = attention_maps.collect_attention(model, params, jnp.asarray(SOURCE[1:]),
+                                         jnp.asarray(TARGET[1:]))
   maps = [
-      visualize.AttentionMap(name, w[0], [f'q{i}' for i in range(w.shape[2])],
-                             [f'k{i}' for i in range(w.shape[3])]) for name, w in raw.items()
+      attention_maps.AttentionMap(name, w[0], [f'q{i}' for i in range(w.shape[2])],
+                                  [f'k{i}' for i in range(w.shape[3])]) for name, w in raw.items()
   ]
-  index = visualize.write_attention_report(str(tmp_path), maps, title='t <&> "q"',
-                                           description='source: x < y')
+  index = heatmaps.write_attention_report(str(tmp_path), maps, title='t <&> "q"',
+                                          description='source: x < y')
   pngs = sorted(n for n in os.listdir(tmp_path) if n.endswith('.png'))
   # 6 attention modules x 2 heads, plus one grid per layer (2 encoder + 2 decoder layers).
   assert len(pngs) == 6 * 2 + 4
@@ -213,15 +216,15 @@ def test_read_metrics_keeps_the_last_value_of_a_rewritten_step_and_plots(tmp_pat
                   '{"step": 20, "eval/loss": 2.5, "eval/bleu": 5.0}\n'
                   '{"step": 20, "train/loss": 1.5, "train/learning_rate": 0.2}\n'
                   '{"step": 30, "train/loss": 0.01, "train/learning_rate": 0.2}\n')
-  metrics = visualize.read_metrics(str(path))
+  metrics = curves.read_metrics(str(path))
   np.testing.assert_array_equal(metrics['train/loss'][0], [10, 20, 30])
   np.testing.assert_array_equal(metrics['train/loss'][1], [3.0, 1.5, 0.01])
-  figure = visualize.plot_curves(metrics)
-  out = visualize.save_png(figure, str(tmp_path / 'curves.png'))
-  assert visualize.png_size(out) == (1500, 380)  # three panels: loss, BLEU, learning rate
+  figure = curves.plot_curves(metrics)
+  out = canvas.save_png(figure, str(tmp_path / 'curves.png'))
+  assert canvas.png_size(out) == (1500, 380)  # three panels: loss, BLEU, learning rate
   path.write_text('{"step": 1, "train/loss": 1.0}\nnot json\n')
   with pytest.raises(DataError, match=r'metrics.jsonl:2'):
-    visualize.read_metrics(str(path))
+    curves.read_metrics(str(path))
 
 
 # -- training and the command line ----------------------------------------------------------------
@@ -304,9 +307,9 @@ def test_cli_draws_every_layer_and_head_of_a_trained_workdir(trained_translation
   src_len, tgt_len = len(tokenizer.encode(source)) + 1, len(tokenizer.encode(target)) + 1
   for name, rows, cols in (('encoder_layer_0_self_attention_head0.png', src_len, src_len),
                            ('decoder_layer_0_cross_attention_head1.png', tgt_len, src_len)):
-    width, height = visualize.heatmap_figsize(rows, cols)
-    assert visualize.png_size(os.path.join(out, name)) == (round(width * visualize.DPI),
-                                                           round(height * visualize.DPI))
+    width, height = heatmaps.heatmap_figsize(rows, cols)
+    assert canvas.png_size(os.path.join(out, name)) == (round(width * canvas.DPI),
+                                                        round(height * canvas.DPI))
 
 
 @pytest.mark.slow

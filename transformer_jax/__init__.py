@@ -16,6 +16,7 @@ The subpackages are layers of one stack; each imports only from the ones below i
   models/      EncoderDecoder, GPT, Bert and their presets
   training/    the trainer, the pure train step, optimizer, checkpoints, metric writing
   convert/     Hugging Face checkpoint import
+  visualize/   pictures: attention maps read from the model, position encodings, curves
   tasks/       what a model family trains on and evaluates (the trainer's Task)
   cli/         what every entry point does: flags, one-line errors, the workdir, validation
   workflows/   one experiment per family: data -> task -> trainer -> evaluation

@@ -264,8 +264,8 @@ class LanguageModelTask:
     """Self-attention maps (layers x heads) of the model reading a fixed line, for TensorBoard."""
     if self.tokenizer is None or not self.attention_text:
       return {}
-    from transformer_jax import visualize
     from transformer_jax.data import lm as lm_data
+    from transformer_jax.visualize import attention_maps, heatmaps
     if isinstance(self.tokenizer, lm_data.CharTokenizer):
       ids = self.tokenizer.encode(self.attention_text, skip_unknown=True)
     else:
@@ -273,5 +273,5 @@ class LanguageModelTask:
     ids = ids[:self.cfg.max_len]
     if not ids:
       return {}
-    return visualize.overview_images(
-        visualize.lm_attention(self.model, params, self.tokenizer, '', ids=ids))
+    return heatmaps.overview_images(
+        attention_maps.lm_attention(self.model, params, self.tokenizer, '', ids=ids))

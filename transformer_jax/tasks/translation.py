@@ -176,8 +176,8 @@ class TranslationTask:
     reference teacher-forced: the same sentence at every evaluation, for TensorBoard."""
     if not self.eval_sources or self.src_tokenizer is None:
       return {}
-    from transformer_jax import visualize
-    maps = visualize.translation_attention(self.model, params, self.src_tokenizer,
-                                           self.tgt_tokenizer, self.eval_sources[0],
-                                           self.eval_references[0])
-    return visualize.overview_images(maps)
+    from transformer_jax.visualize import attention_maps, heatmaps
+    maps = attention_maps.translation_attention(self.model, params, self.src_tokenizer,
+                                                self.tgt_tokenizer, self.eval_sources[0],
+                                                self.eval_references[0])
+    return heatmaps.overview_images(maps)
