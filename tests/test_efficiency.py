@@ -104,7 +104,10 @@ def test_scanned_params_carry_a_layers_axis_name():
 
 def with_scanned_decoder(task):
   """`task` decoding through a scanned decode-mode model (the tasks decode unrolled)."""
-  task.decode_model = type(task.decode_model)(task.decode_model.cfg.replace(scan_layers=True))
+  scanned = lambda model: type(model)(model.cfg.replace(scan_layers=True))
+  task.decode_model = scanned(task.decode_model)
+  if hasattr(task, 'decode_models'):  # the language model's, one per kernel layout
+    task.decode_models = {layout: scanned(model) for layout, model in task.decode_models.items()}
   return task
 
 

@@ -193,3 +193,54 @@ def test_copy_detector_flags_a_dot_over_an_updated_buffer():
   s = 96
   hlo = jax.jit(run).lower(jnp.zeros((1, 4, s, 32)), jnp.ones((4, 32))).compile().as_text()
   assert copies_outside_entry(hlo, {f'f32[4,32,1,{s}]', f'f32[1,4,{s},32]', f'f32[4,32,{s}]'})
+
+
+# -- decoding: a wide batch reads the kernels [out, in] ---------------------------------------
+
+
+def _kernel_relayouts(hlo: str, shapes: set[str]) -> list[str]:
+  """`transpose` and `copy` instructions of the given 2-D shapes, either way round: a kernel
+  moved into another layout where the program runs."""
+  flipped = {f"f32[{','.join(reversed(s[4:-1].split(',')))}]" for s in shapes}
+  return [
+      f"{i['computation']}: {i['name']} {i['shape']}" for i in hlo_text.parse(hlo)
+      if i['opcode'] in ('transpose', 'copy') and i['shape'].split('{')[0] in shapes | flipped
+  ]
+
+
+def test_a_wide_decoding_loop_takes_its_kernels_out_in_as_they_are():
+  """The Sampler's loop for `search.OUT_IN_ROWS` rows on CPU: its kernels arrive [out, in]
+  (row-major, converted by a call of their own) and nothing in it moves them. Converted inside
+  the loop's program, XLA would fold the transposition into the dots' operand layout, and the
+  loop would read the weights [in, out] again (benchmarks/decode_dense_layout.py)."""
+  from transformer_jax.inference import search
+  if jax.default_backend() != 'cpu':
+    pytest.skip('the [out, in] layout is a CPU choice (search.decode_kernel_layout)')
+  cfg = gpt2_config(vocab_size=65, emb_dim=48, num_heads=4, head_dim=16, mlp_dim=256,
+                    num_decoder_layers=2, max_len=64, dropout_rate=0.0, attention_dropout_rate=0.0)
+  task = LanguageModelTask(cfg)
+  params = nn.meta.unbox(task.init_variables(jax.random.key(0))['params'])
+  rows = search.OUT_IN_ROWS
+  prepared = task._sampler.prepared_params(params, rows)
+  assert prepared.kernel_layout == 'out_in'
+  sampler = task._sampler
+  hlo = sampler._loop_fn.lower(prepared, task._empty_cache(rows, 64), jnp.ones((rows,), jnp.int32),
+                               jnp.full((rows,), 8,
+                                        jnp.int32), jax.random.key(0), jnp.zeros((rows,)),
+                               jnp.zeros((rows,), jnp.int32), jnp.ones((rows,)), num_new=8,
+                               eos_id=None, rule='greedy').compile().as_text()
+  entry = {i['shape'] for i in hlo_text.parse(hlo) if i['opcode'] == 'parameter'}
+  # query/key/value [heads, head_dim, embed], out [embed, heads, head_dim], wi and wo.
+  assert {'f32[4,16,48]{2,1,0}', 'f32[48,4,16]{2,1,0}', 'f32[256,48]{1,0}',
+          'f32[48,256]{1,0}'} <= entry
+  assert _kernel_relayouts(hlo, {'f32[64,48]', 'f32[256,48]'}) == []
+  # The check can fail: the same conversion inside the loop's program.
+  converted_inside = jax.jit(
+      lambda p: sampler._decode_loop(task._decode_params(p, 'out_in'), task._empty_cache(
+          rows, 64), jnp.ones((rows,), jnp.int32), jnp.full(
+              (rows,), 8, jnp.int32), jax.random.key(0), jnp.zeros(
+                  (rows,)), jnp.zeros((rows,), jnp.int32), jnp.ones(
+                      (rows,)), num_new=8, eos_id=None, rule='greedy'),
+      compiler_options=search.decode_compiler_options())
+  inside = converted_inside.lower(params).compile().as_text()
+  assert _kernel_relayouts(inside, {'f32[64,48]', 'f32[256,48]'})

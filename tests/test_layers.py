@@ -98,6 +98,29 @@ def test_dense_general_initialises_as_the_equivalent_2d_matrix():
   np.testing.assert_array_equal(kernel, np.arange(H * 5 * EMB).reshape(H, 5, EMB))
 
 
+@pytest.mark.parametrize('matmul_dtype', [None, jnp.bfloat16])
+def test_dense_general_out_in_is_the_same_layer_with_its_kernel_transposed(matmul_dtype):
+  """kernel_layout='out_in' declares [out..., in...] with the names in that order, draws the
+  transposed weights of 'in_out' from the same key, and computes the same outputs (up to the
+  order of the sums)."""
+  x = jax.random.normal(jax.random.key(0), (2, 3, H, 5))
+  kwargs = dict(features=(EMB,), kernel_axes=('heads', 'kv', 'embed'), num_in_axes=2,
+                matmul_dtype=matmul_dtype)
+  in_out = DenseGeneral(**kwargs).init(jax.random.key(7), x)['params']
+  out_in = DenseGeneral(**kwargs, kernel_layout='out_in').init(jax.random.key(7), x)['params']
+  assert tuple(nn.get_partition_spec(out_in)['kernel']) == ('embed', 'heads', 'kv')
+  assert tuple(nn.get_partition_spec(out_in)['bias']) == ('embed',)
+  np.testing.assert_array_equal(
+      meta.unbox(out_in)['kernel'], np.transpose(meta.unbox(in_out)['kernel'], (2, 0, 1)))
+  params = randomise(abstract_init(DenseGeneral(**kwargs), x)['params'], 5)
+  transposed = {**params, 'kernel': jnp.transpose(params['kernel'], (2, 0, 1))}
+  y = DenseGeneral(**kwargs).apply({'params': params}, x)
+  y_out_in = DenseGeneral(**kwargs, kernel_layout='out_in').apply({'params': transposed}, x)
+  np.testing.assert_allclose(y_out_in, y, rtol=1e-5, atol=1e-5)  # the sums' order may differ
+  with pytest.raises(ValueError, match='kernel_layout must be one of'):
+    DenseGeneral(**kwargs, kernel_layout='io').init(jax.random.key(0), x)
+
+
 def test_dense_general_computes_in_its_dtype():
   x = jax.random.normal(jax.random.key(0), (2, 3, EMB))
   layer = DenseGeneral((MLP,), ('embed', 'mlp'), dtype=jnp.bfloat16)

@@ -23,6 +23,9 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float
 # forward pass for the backward pass; everything else is recomputed. 'none' = no remat.
 REMAT_POLICIES = ('none', 'nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable',
                   'everything_saveable')
+# How dense kernels are stored: [in, out] (training, checkpoints) or [out, in] (PyTorch's Linear;
+# a decoding loop of many rows on XLA:CPU reads it faster, layers/dense.py).
+KERNEL_LAYOUTS = ('in_out', 'out_in')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,10 @@ class TransformerConfig:
   # identical layers as one nn.scan (params stacked under 'layers', see scan_layout.py).
   remat_policy: str = 'none'
   scan_layers: bool = False
+  # 'in_out' or 'out_in' (KERNEL_LAYOUTS): the dense kernels' layout. Params are trained and
+  # saved 'in_out'; generation converts them for a decoding loop where 'out_in' is faster
+  # (tasks/lm.py, layers/kernel_layout.py).
+  kernel_layout: str = 'in_out'
 
   # Quantities that default to a value derived from others. Each has one name: a None given for
   # it is resolved here, so `cfg.head_dim` is always the head width; `replace` derives it again
@@ -151,6 +158,8 @@ class TransformerConfig:
         'it needs tie_output=True')
     check(self.remat_policy in REMAT_POLICIES,
           f'remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}')
+    check(self.kernel_layout in KERNEL_LAYOUTS,
+          f'kernel_layout must be one of {KERNEL_LAYOUTS}, got {self.kernel_layout!r}')
     check(self.matmul_dtype is None or jnp.dtype(self.matmul_dtype) in (jnp.float32, jnp.bfloat16),
           f'matmul_dtype must be None, float32 or bfloat16, got {self.matmul_dtype!r}')
     check(0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,

@@ -8,7 +8,8 @@ The model is seen through four functions (the task binds them to its model, as
   new_cache(batch, slots) -> an empty cache of `slots` positions per row
   set_positions(cache, positions: int32[B]) -> the cache with row i's next token going to slot
       positions[i] (and attending to slots 0..positions[i]); a row's slot is its token's position
-  prepare_params(params) -> the params `apply_fn` takes (e.g. scanned layers unstacked)
+  prepare_params(params, kernel_layout) -> the params `apply_fn` takes (e.g. scanned layers
+      unstacked, dense kernels in `kernel_layout`, 'in_out' or 'out_in': layers/dense.py)
 
 A batch of prompts of different lengths (`Sampler.generate`): the prompts are right-padded to a
 common length P (rounded up to a multiple of `LENGTH_BUCKET`, so batches of similar lengths share
@@ -51,6 +52,7 @@ PyTree = Any
 ApplyFn = Callable[[PyTree, PyTree, jnp.ndarray], tuple[jnp.ndarray, PyTree]]
 NewCache = Callable[[int, int], PyTree]
 SetPositions = Callable[[PyTree, jnp.ndarray], PyTree]
+PrepareParams = Callable[[PyTree, str], PyTree]
 # (contexts int32[B, P], lengths int32[B], budgets int32[B], segment keys, num_new) -> the
 # segment's tokens, int32[B, n] chunks in order.
 SegmentRunner = Callable[[np.ndarray, np.ndarray, np.ndarray, jax.Array, int], Iterator[np.ndarray]]
@@ -171,7 +173,7 @@ class Sampler:
   max_len positions."""
 
   def __init__(self, apply_fn: ApplyFn, new_cache: NewCache, set_positions: SetPositions, *,
-               max_len: int, prepare_params: Callable[[PyTree], PyTree] = lambda params: params):
+               max_len: int, prepare_params: PrepareParams = lambda params, layout: params):
     self.apply_fn, self.new_cache, self.set_positions = apply_fn, new_cache, set_positions
     self.prepare_params = prepare_params
     self.max_len = max_len
@@ -179,7 +181,7 @@ class Sampler:
     # of many rows), and the decoding loop, with `search.decode_compiler_options()` (matrix-
     # vector products); one program for both ran one of them slower. jit retraces them only for
     # a new (shape, num_new, eos, rule).
-    self._prefill_fn = jax.jit(self._prefill, static_argnames=('cache_len',))
+    self._prefill_fn = jax.jit(self.filled_cache, static_argnames=('cache_len',))
     self._loop_fn = jax.jit(self._decode_loop, static_argnames=('num_new', 'eos_id', 'rule'),
                             compiler_options=search.decode_compiler_options())
     # Streaming: the same prefill, then one jitted call per token.
@@ -189,19 +191,15 @@ class Sampler:
   # -- on the device --------------------------------------------------------------------------
 
   def filled_cache(self, params, contexts, lengths, cache_len: int):
-    """(prepared params, a cache of `cache_len` slots holding all but the last token of each
-    row of `contexts` [B, P] (row i is lengths[i] long, then padding), the first tokens to feed:
-    each row's last one)."""
+    """(a cache of `cache_len` slots holding all but the last token of each row of `contexts`
+    [B, P] (row i is lengths[i] long, then padding), the first tokens to feed: each row's last
+    one). `params`: prepared (`prepare_params`)."""
     cache = self.new_cache(contexts.shape[0], cache_len)
-    params = self.prepare_params(params)
     if contexts.shape[1] > 1:  # Prefill: the first P - 1 columns of every row in one call.
       _, cache = self.apply_fn(params, cache, contexts[:, :-1])
     cache = self.set_positions(cache, lengths - 1)
     last = jnp.take_along_axis(contexts, (lengths - 1)[:, None], axis=1)[:, 0]
-    return params, cache, last
-
-  def _prefill(self, params, contexts, lengths, *, cache_len: int):
-    return self.filled_cache(params, contexts, lengths, cache_len)[1:]
+    return cache, last
 
   def _last_logits(self, params):
     """`search.TokensToLogits` of the model: the logits of each row's last position."""
@@ -214,11 +212,11 @@ class Sampler:
 
   def _decode_loop(self, params, cache, last, budgets, keys, temperature, top_k, top_p, *,
                    num_new: int, eos_id: int | None, rule: str):
-    """Up to `num_new` tokens after the prefilled `cache` (`_prefill`), feeding `last` first
+    """Up to `num_new` tokens after the prefilled `cache` (`filled_cache`), feeding `last` first
     (row i: budgets[i] of them). The cache has at least P + num_new - 1 slots (the last sampled
     token is never fed back; `cache_slots`)."""
-    return search.sample(self._last_logits(self.prepare_params(params)), cache, keys,
-                         first_tokens=last, max_len=num_new, budgets=budgets, eos_id=eos_id,
+    return search.sample(self._last_logits(params), cache, keys, first_tokens=last, max_len=num_new,
+                         budgets=budgets, eos_id=eos_id,
                          select=select_fn(keys, temperature, top_k, top_p, rule=rule))
 
   def _decode_step(self, params, cache, tokens, finished, budgets, keys, step, temperature, top_k,
@@ -226,12 +224,22 @@ class Sampler:
     """One step of `search.sample`'s loop: feed `tokens` [B], pick the next ones with the same
     rule and keys; finished rows give PAD. Returns (next, finished, cache)."""
     select = select_fn(keys, temperature, top_k, top_p, rule=rule)
-    tokens, finished, cache = search.decode_step(self._last_logits(self.prepare_params(params)),
-                                                 select, cache, tokens[:, None], finished, step,
+    tokens, finished, cache = search.decode_step(self._last_logits(params), select, cache,
+                                                 tokens[:, None], finished, step,
                                                  eos_id=search.loop_eos_id(eos_id))
     return tokens, finished | (step + 1 >= budgets), cache
 
   # -- on the host ----------------------------------------------------------------------------
+
+  def prepared_params(self, params, batch: int):
+    """`params` as the decoding calls of a batch of `batch` rows take them: `prepare_params`
+    with the kernel layout `search.decode_kernel_layout` picks for that many rows.
+
+    Run eagerly, once per call of `generate` or `stream`, outside the programs that decode:
+    inside one, XLA folds a transposition of the weights back into the dots, which then read
+    them in their old layout (tests/test_hlo.py). Transposing GPT-2 small's kernels takes ~70 ms
+    on 2 cores; a batch of 8 rows and 64 new tokens takes seconds."""
+    return self.prepare_params(params, search.decode_kernel_layout(batch))
 
   def _schedule(self, rows: list[np.ndarray], budgets: np.ndarray, keys: jax.Array,
                 eos_id: int | None, run_segment: SegmentRunner) -> Iterator[np.ndarray]:
@@ -296,6 +304,7 @@ class Sampler:
     """
     rows, budgets, keys, knobs = self._prepare(prompt_tokens, max_new_tokens, rng, temperature,
                                                top_k, top_p)
+    params = self.prepared_params(params, len(rows))
 
     def whole_segment(contexts, lengths, wanted, seg_keys, num_new):
       cache, last = self._prefill_fn(params, jnp.asarray(contexts), jnp.asarray(lengths),
@@ -319,6 +328,7 @@ class Sampler:
     drawn it; stops once every row has ended."""
     rows, budgets, keys, knobs = self._prepare(prompt_tokens, max_new_tokens, rng, temperature,
                                                top_k, top_p)
+    params = self.prepared_params(params, len(rows))
 
     def token_by_token(contexts, lengths, wanted, seg_keys, num_new):
       cache, feed = self._prefill_fn(params, jnp.asarray(contexts), jnp.asarray(lengths),

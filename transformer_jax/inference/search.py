@@ -95,6 +95,26 @@ def decode_compiler_options() -> dict[str, str] | None:
       xla_cpu_experimental_ynn_fusion_type='LIBRARY_FUSION_TYPE_DOT') or None
 
 
+# From this many rows a decoding loop on CPU reads the dense kernels faster [out, in] than [in,
+# out] (`benchmarks/decode_dense_layout.py`, GPT-2 small's layers, ms per step in_out / out_in:
+# 0.69 at 1 row, 0.79 at 2, 0.83 or 1.17 at 4 by run, 1.28-1.34 at 8, 1.27 at 32, 2-core Xeon;
+# docs/performance.md).
+OUT_IN_ROWS = 8
+
+
+def decode_kernel_layout(batch: int) -> str:
+  """The dense-kernel layout (`TransformerConfig.kernel_layout`) a decoding loop of `batch` rows
+  runs fastest in: 'out_in' on CPU from `OUT_IN_ROWS` rows up, 'in_out' otherwise.
+
+  With a few rows, YNNPACK (`decode_compiler_options`) reads [in, out] kernels faster; with more,
+  it repacks every [in, out] kernel at every call, and [out, in] saves that. Elsewhere the
+  compiler picks its own layouts, and a converted copy of the weights would only cost memory.
+  """
+  if jax.default_backend() != 'cpu' or batch < OUT_IN_ROWS:
+    return 'in_out'
+  return 'out_in'
+
+
 def decode_step(tokens_to_logits: TokensToLogits, select_fn: SelectFn, cache: PyTree,
                 tokens: jnp.ndarray, finished: jnp.ndarray, step: int | jnp.ndarray, *,
                 eos_id: int) -> tuple[jnp.ndarray, jnp.ndarray, PyTree]:

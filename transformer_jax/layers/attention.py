@@ -96,7 +96,7 @@ class MultiHeadAttention(nn.Module):
                        'takes one sequence per row')
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
                               matmul_dtype=cfg.matmul_dtype, param_dtype=cfg.param_dtype,
-                              kernel_init=self.kernel_init)
+                              kernel_init=self.kernel_init, kernel_layout=cfg.kernel_layout)
     query_init = self.kernel_init
     if not cfg.scale_attention_scores:
       query_init = _scaled_init(self.kernel_init, cfg.head_dim**-0.5)

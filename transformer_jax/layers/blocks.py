@@ -207,9 +207,10 @@ class InputEmbedding(nn.Module):
       x = make_norm(cfg, 'embedding_norm')(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     if self.factorised:
-      x = DenseGeneral(
-          (cfg.emb_dim,), (None, 'embed'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-          kernel_init=nn.initializers.normal(cfg.embed_init_std or 0.02), name='projection')(x)
+      x = DenseGeneral((cfg.emb_dim,), (None, 'embed'), dtype=cfg.dtype,
+                       param_dtype=cfg.param_dtype, kernel_layout=cfg.kernel_layout,
+                       kernel_init=nn.initializers.normal(cfg.embed_init_std or
+                                                          0.02), name='projection')(x)
     return nn.with_logical_constraint(x, ACTIVATION_AXES)
 
 

@@ -26,7 +26,8 @@ class FeedForward(nn.Module):
   def __call__(self, x, *, deterministic: bool = True):
     cfg = self.cfg
     dense = functools.partial(DenseGeneral, use_bias=cfg.use_bias, dtype=cfg.dtype,
-                              matmul_dtype=cfg.matmul_dtype, param_dtype=cfg.param_dtype)
+                              matmul_dtype=cfg.matmul_dtype, param_dtype=cfg.param_dtype,
+                              kernel_layout=cfg.kernel_layout)
     if cfg.activation in _GATED:
       act = _ACTIVATIONS[_GATED[cfg.activation]]
       gate = dense((cfg.mlp_dim,), ('embed', 'mlp'), name='wi_gate')(x)

@@ -85,7 +85,7 @@ def roberta_config(**overrides) -> TransformerConfig:
 def _dense(cfg: TransformerConfig, features: int, axes, name: str) -> DenseGeneral:
   # BERT initialises every linear layer with N(0, 0.02), like its embeddings.
   return DenseGeneral((features,), axes, use_bias=True, dtype=cfg.dtype,
-                      param_dtype=cfg.param_dtype,
+                      param_dtype=cfg.param_dtype, kernel_layout=cfg.kernel_layout,
                       kernel_init=nn.initializers.normal(cfg.embed_init_std or 0.02), name=name)
 
 

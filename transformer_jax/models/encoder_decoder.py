@@ -116,7 +116,8 @@ class EncoderDecoder(nn.Module):
     self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=True)
     if not cfg.tie_output:
       self.logits_dense = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
-                                       dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+                                       dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                       kernel_layout=cfg.kernel_layout)
 
   def encode(self, inputs, *, segment_ids=None, positions=None, deterministic: bool = True):
     """inputs [B, S] (0 = padding) -> encoded [B, S, D]. Packed rows: `segment_ids` [B, S]

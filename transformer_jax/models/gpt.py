@@ -84,7 +84,8 @@ class GPT(nn.Module):
     self.stack = TransformerStack(cfg, cfg.num_decoder_layers, causal=True)
     if not cfg.tie_output:
       self.lm_head = DenseGeneral((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
-                                  dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+                                  dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                  kernel_layout=cfg.kernel_layout)
 
   def __call__(self, tokens, *, segment_ids=None, positions=None, deterministic: bool = True):
     """Logits [B, T, V] (float32) for tokens [B, T]."""

@@ -12,24 +12,34 @@ loss of a file's sliding windows (perplexity).
 """
 
 import time
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from flax import struct
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.inference import generation, lm_beam_search, search
-from transformer_jax.layers import scan_layout
+from transformer_jax.layers import kernel_layout, scan_layout
 from transformer_jax.layers.blocks import empty_cache, set_cache_positions
 from transformer_jax.layers.losses import projected_cross_entropy_sums
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model_config import KERNEL_LAYOUTS, TransformerConfig
 from transformer_jax.models.gpt import GPT
 from transformer_jax import flops
 
 # The line whose attention maps go to TensorBoard at every evaluation ('' = none).
 ATTENTION_TEXT = 'To be, or not to be, that is the question.'
+
+
+@struct.dataclass
+class DecodeParams:
+  """Params as a decode model takes them: unrolled layers, dense kernels in `kernel_layout`
+  (which of `LanguageModelTask.decode_models` runs them)."""
+  params: Any
+  kernel_layout: str = struct.field(pytree_node=False)
 
 
 class LanguageModelTask:
@@ -42,9 +52,16 @@ class LanguageModelTask:
     self.cfg = cfg
     self.model = GPT(cfg)
     # Dropout is off when generating; decode mode keeps the KV cache. Layers run unrolled
-    # (scanned params are converted): a scanned stack would copy its KV caches every step.
-    self.decode_model = GPT(
-        cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0, attention_dropout_rate=0.0))
+    # (scanned params are converted): a scanned stack would copy its KV caches every step. One
+    # decode model per dense-kernel layout: generation picks one per batch size
+    # (`search.decode_kernel_layout`) and converts the params to it (`_decode_params`).
+    decode_cfg = cfg.replace(decode=True, scan_layers=False, dropout_rate=0.0,
+                             attention_dropout_rate=0.0)
+    self.decode_models = {
+        layout: GPT(decode_cfg.replace(kernel_layout=layout)) for layout in KERNEL_LAYOUTS
+    }
+    self.decode_model = self.decode_models[cfg.kernel_layout]  # the params' own layout
+    self._decode_axes = {}  # kernel layout -> its decode model's `kernel_layout.logical_axes`
     self.tokenizer, self.eos_id = tokenizer, eos_id
     self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -106,12 +123,25 @@ class LanguageModelTask:
   def _empty_cache(self, batch: int, slots: int):
     return empty_cache(self.decode_model, jnp.zeros((batch, slots), jnp.int32))
 
-  def _decode_params(self, params):
-    return scan_layout.for_layout(params, self.decode_model.cfg.scan_layers)
+  def _decode_params(self, params, layout: str | None = None) -> DecodeParams:
+    """`params` (either scan layout) as the decode model of kernel `layout` (default: the
+    params' own) takes them."""
+    layout = layout or self.cfg.kernel_layout
+    params = scan_layout.for_layout(params, self.decode_models[layout].cfg.scan_layers)
+    if layout != self.cfg.kernel_layout:
+      params = kernel_layout.convert(params, self._axes(self.cfg.kernel_layout), self._axes(layout))
+    return DecodeParams(params, layout)
 
-  def _run_decode(self, params, cache, tokens):
-    logits, updated = self.decode_model.apply({'params': params, 'cache': cache}, tokens,
-                                              mutable=['cache'])
+  def _axes(self, layout: str):
+    if layout not in self._decode_axes:
+      self._decode_axes[layout] = kernel_layout.logical_axes(self.decode_models[layout],
+                                                             jnp.zeros((1, 1), jnp.int32))
+    return self._decode_axes[layout]
+
+  def _run_decode(self, params: DecodeParams, cache, tokens):
+    model = self.decode_models[params.kernel_layout]
+    logits, updated = model.apply({'params': params.params, 'cache': cache}, tokens,
+                                  mutable=['cache'])
     return logits, updated['cache']
 
   def generate(self, params, prompt_tokens, max_new_tokens: int, rng: jax.Array, *,
@@ -157,7 +187,8 @@ class LanguageModelTask:
                    max_new_tokens: int, early_stopping, eos_id: int | None):
     """`beam_search` on the device: prefill all but each row's last prompt token (`prompt`
     [B, P] right-padded, row i `lengths[i]` long), then search."""
-    params, cache, last = self._sampler.filled_cache(
+    params = self._decode_params(params)  # inside this program a transposed copy would be moot
+    cache, last = self._sampler.filled_cache(
         params, prompt, lengths, generation.cache_slots(prompt.shape[1], max_new_tokens))
 
     def tokens_to_logits(tokens, cache):
