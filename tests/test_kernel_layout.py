@@ -16,7 +16,7 @@ import pytest
 from transformer_jax.errors import ConfigError
 from transformer_jax.inference import search
 from transformer_jax.layers import kernel_layout
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model_config import TransformerConfig, model_config_from_dict
 from transformer_jax.models.bert import Bert, albert_config
 from transformer_jax.models.encoder_decoder import EncoderDecoder, t5_config
 from transformer_jax.models.gpt import GPT, gpt2_config, llama_config
@@ -71,9 +71,13 @@ def test_convert_refuses_names_that_do_not_say_how():
     kernel_layout.convert(params, {'kernel': box(('embed', 'mlp'))}, {'w': box(('mlp', 'embed'))})
 
 
-def test_a_bad_layout_is_one_config_line():
+def test_a_bad_layout_is_one_config_line_and_a_config_section_trains_in_out():
   with pytest.raises(ConfigError, match="kernel_layout must be one of .* got 'outin'"):
     TransformerConfig(kernel_layout='outin')
+  # Checkpoints and converters hold [in, out]: an experiment may not train another layout.
+  with pytest.raises(ConfigError, match="model.kernel_layout='out_in': experiments train"):
+    model_config_from_dict({'kernel_layout': 'out_in'})
+  assert model_config_from_dict({'kernel_layout': 'in_out'}).kernel_layout == 'in_out'
 
 
 def test_generation_decodes_a_wide_batch_out_in_on_cpu_and_a_narrow_one_in_out():

@@ -192,6 +192,11 @@ def _typed(values: dict) -> dict:
   unknown = sorted(set(values) - known)
   if unknown:
     raise ConfigError(f'unknown model config key(s) {unknown}; known keys: {sorted(known)}')
+  if values.get('kernel_layout', 'in_out') != 'in_out':
+    # Checkpoints and the Hugging Face converters hold kernels [in, out]; a square one would be
+    # read transposed without an error. Generation converts a copy where [out, in] is faster.
+    raise ConfigError(f"model.kernel_layout={values['kernel_layout']!r}: experiments train and "
+                      "save 'in_out'; generation picks the decoding layout by itself")
   if 'matmul_dtype' in values and (isinstance(values['matmul_dtype'], str) or
                                    values['matmul_dtype'] is None):
     # 'auto', 'none', 'float32' or 'bfloat16': the CPU precision policy decides (precision.py).
