@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools import machine  # noqa: E402
-from transformer_jax import precision, xla_options  # noqa: E402
+from transformer_jax import onednn_lifetime, precision, xla_options  # noqa: E402
 
 ONEDNN = xla_options.compiler_options(
     xla_cpu_use_onednn=True, xla_cpu_experimental_onednn_fusion_type='LIBRARY_FUSION_TYPE_DOT')
@@ -60,7 +60,8 @@ def dot_rates() -> dict:
                                                                    None), ('bf16 onednn',
                                                                            jnp.bfloat16, ONEDNN)):
       args = [a.astype(dtype) for a in (x, w, g)]
-      rates[f'{name} {label}'] = round(_rate(jax.jit(product, compiler_options=options), *args))
+      rates[f'{name} {label}'] = round(
+          _rate(onednn_lifetime.jit(product, compiler_options=options), *args))
   return rates
 
 
@@ -84,7 +85,7 @@ def gradient_error(matmul_dtype, options) -> dict:
   tokens = jax.random.randint(jax.random.key(1), (2, 17), 0, 64)
   batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]}
   grads = [jax.grad(lambda p, b, t=t: t.loss_fn(p, b, None, True)[0]) for t in tasks]
-  onednn = jax.jit(grads[0], compiler_options=options)(params, batch)
+  onednn = onednn_lifetime.jit(grads[0], compiler_options=options)(params, batch)
   default = jax.jit(grads[1])(params, batch)
   errors = [
       float(np.linalg.norm(a - b) / np.linalg.norm(b))

@@ -230,6 +230,7 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   import jax
   import jax.numpy as jnp
   import ml_collections
+  from transformer_jax import onednn_lifetime
   from transformer_jax.parallel import sharding
   from transformer_jax.training.optimizer import make_optimizer
   from transformer_jax.training.train_step import step_compiler_options
@@ -250,10 +251,10 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
   state_shardings = sharding.tree_shardings(mesh, jax.eval_shape(create_state, jax.random.key(0)),
                                             rules)
   batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jax.jit(make_train_step(task.loss_fn, tx,
-                                       seed), in_shardings=(state_shardings, batch_sharding),
-                       out_shardings=(state_shardings, None), donate_argnums=(0,),
-                       compiler_options=step_compiler_options(task, mesh))
+  train_step = onednn_lifetime.jit(make_train_step(task.loss_fn, tx, seed),
+                                   in_shardings=(state_shardings, batch_sharding),
+                                   out_shardings=(state_shardings, None), donate_argnums=(0,),
+                                   compiler_options=step_compiler_options(task, mesh))
   with sharding.use_mesh(mesh, rules):
     state = jax.jit(lambda rng: nn.meta.unbox(create_state(rng)),
                     out_shardings=state_shardings)(jax.random.key(seed))
@@ -272,7 +273,7 @@ def build_jax_training(spec: dict, seed: int) -> JaxTraining:
 
 def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   import jax
-  from transformer_jax import precision
+  from transformer_jax import flops, onednn_lifetime, precision
   from transformer_jax.cli import process
   from transformer_jax.parallel import sharding
 
@@ -292,8 +293,9 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
   a = jax.random.normal(jax.random.key(1), (n, n), _DTYPE.value)
   b = jax.random.normal(jax.random.key(2), (n, n), _DTYPE.value)
   # In the dtype the model's matmuls run in, compiled as its step is (the policy's options).
-  matmul = jax.jit(lambda a, b: a @ b,
-                   compiler_options=precision.compiler_options(_DTYPE.value, jax.default_backend()))
+  matmul = onednn_lifetime.jit(
+      lambda a, b: a @ b, compiler_options=precision.compiler_options(_DTYPE.value,
+                                                                      jax.default_backend()))
   matmul(a, b).block_until_ready()
   seconds = _best_seconds(lambda: matmul(a, b).block_until_ready())
   device_kind = jax.devices()[0].device_kind
@@ -305,8 +307,11 @@ def run_jax(spec: dict, warmup: int, timed: int, seed: int) -> dict:
       peak_bf16_flops_per_s=chip.peak_flops if chip and jax.default_backend() != 'cpu' else None,
       jax_version=jax.__version__, backend=jax.default_backend(),
       dispatch='asynchronous' if _ASYNC.value else 'synchronous')
+  if jax.default_backend() == 'cpu':
+    # The training log's CPU peak: the best matmul rate this machine has shown (flops.CpuPeak).
+    result['cpu_peak_flops_per_s'] = flops.CpuPeak.of(_DTYPE.value).flops
   if training.trainer_model_flops:  # the training log's MFU: its FLOPs over its peak
-    peak = result['peak_bf16_flops_per_s'] or result['matmul_flops_per_s']
+    peak = result['peak_bf16_flops_per_s'] or result['cpu_peak_flops_per_s']
     result['trainer_mfu'] = training.trainer_model_flops / result['seconds_per_step'] / peak
   return result
 

@@ -105,7 +105,7 @@ def test_bert_classification_and_tagging():
 def test_cpu_peak_and_nominal_peaks():
   cpu = jax.devices('cpu')[0]
   peak, source = flops.peak_flops_per_device(cpu, np.float32)
-  assert peak > 1e9 and 'float32 matmul measured now' in source
+  assert peak > 1e9 and 'float32 matmul, the best seen on this machine' in source
 
   class Chip:
     platform, device_kind = 'gpu', 'NVIDIA H100 80GB HBM3'

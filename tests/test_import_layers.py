@@ -20,6 +20,7 @@ LEVELS = {
     'files': 0.25,  # atomic writes and JSON objects read with one error line (errors)
     'special_tokens': 0,
     'xla_options': 0,
+    'onednn_lifetime': 0.25,  # programs compiled with oneDNN kept alive (xla_options)
     'chips': 0,  # accelerator chips' public figures: the planner's targets and the MFU peak
     'sections': 0.5,  # typed config sections (errors only); read by parallel, training, cli
     'precision': 0.5,  # between errors and model_config, which resolves model.matmul_dtype

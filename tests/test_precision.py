@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import precision
+from transformer_jax import onednn_lifetime, precision
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import model_config_from_dict, with_overrides
 from transformer_jax.models.gpt import gpt2_config
@@ -217,8 +217,8 @@ def test_policy_numbers_close_to_float32(build):
     params = jax.tree.map(lambda box: getattr(box, 'value', box), params,
                           is_leaf=lambda x: hasattr(x, 'value'))
     loss = functools.partial(_mean_loss, task)
-    step = jax.jit(jax.value_and_grad(loss),
-                   compiler_options=precision.compiler_options(matmul_dtype, 'cpu'))
+    step = onednn_lifetime.jit(jax.value_and_grad(loss),
+                               compiler_options=precision.compiler_options(matmul_dtype, 'cpu'))
     results[matmul_dtype] = step(params, batch)
     if matmul_dtype is not None and precision.has_fast_bf16_dots():
       assert 'onednn' in step.lower(params, batch).compile().as_text()

@@ -1,5 +1,5 @@
-"""Atomic file writes (readers see the old file or the new one, never half of one) and JSON
-objects read with one error line."""
+"""Atomic file writes (readers see the old file or the new one, never half of one), JSON
+objects read with one error line, and the folder of facts measured on this machine."""
 
 import json
 import os
@@ -44,3 +44,10 @@ def write_atomically(path: str, data: bytes | str) -> None:
     if os.path.exists(tmp_path):
       os.remove(tmp_path)
     raise
+
+
+def cache_path(name: str) -> str:
+  """$XDG_CACHE_HOME/transformer_jax/`name` (~/.cache by default): what this machine measured
+  or compiled once and keeps across runs."""
+  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache_home, 'transformer_jax', name)

@@ -36,7 +36,7 @@ import os
 import time
 import warnings
 
-from transformer_jax import xla_options
+from transformer_jax import files, xla_options
 from transformer_jax.errors import ConfigError
 
 # Settings of model.matmul_dtype.
@@ -53,6 +53,7 @@ AUTO_VARIABLE = 'TRANSFORMER_JAX_AUTO_MATMUL_DTYPE'
 # float32) and to take the oneDNN options (0.10.2 dies of an illegal instruction with them).
 FAST_BF16_JAXLIB = '0.11.2'
 _PROBED: dict[str, float] = {}  # this process's probe results, by CPU model and jaxlib
+_MATMULS: dict = {}  # (dtype name, transposed) -> the jitted product matmul_seconds times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,7 @@ def probe_speedup(cache_path: str | None = None) -> float:
   jaxlib were probed before."""
   import jax
   cache_path = cache_path or _cache_path()
-  key = f'{_cpu_model()} | jaxlib {jax.lib.__version__}'
+  key = f'{cpu_model()} | jaxlib {jax.lib.__version__}'
   if key in _PROBED:
     return _PROBED[key]
   cached = _read_json(cache_path)
@@ -182,11 +183,9 @@ def _time_dot(dtype: str) -> float:
 def matmul_seconds(dtype, n: int, *, transposed: bool = False, repeats: int = 5) -> float:
   """Best of `repeats` timings of one jitted n^3 matmul in `dtype` (a.T @ b when `transposed`),
   compiled as the steps are (`compiler_options`)."""
-  import jax
   import jax.numpy as jnp
   a = jnp.ones((n, n), dtype)
-  product = (lambda a, b: a.T @ b) if transposed else (lambda a, b: a @ b)
-  dot = jax.jit(product, compiler_options=compiler_options(dtype))
+  dot = _matmul_program(_name(jnp.dtype(dtype)), transposed)
   dot(a, a).block_until_ready()
   best = float('inf')
   for _ in range(repeats):
@@ -194,6 +193,18 @@ def matmul_seconds(dtype, n: int, *, transposed: bool = False, repeats: int = 5)
     dot(a, a).block_until_ready()
     best = min(best, time.perf_counter() - start)
   return best
+
+
+def _matmul_program(dtype: str, transposed: bool):
+  """The jitted product `matmul_seconds` times, one per dtype and orientation for the whole
+  process: with the policy's options it is a oneDNN program, which is never freed
+  (`onednn_lifetime`), so a new one per probe would only add up."""
+  key = (dtype, transposed)
+  if key not in _MATMULS:
+    from transformer_jax import onednn_lifetime
+    product = (lambda a, b: a.T @ b) if transposed else (lambda a, b: a @ b)
+    _MATMULS[key] = onednn_lifetime.jit(product, compiler_options=compiler_options(dtype))
+  return _MATMULS[key]
 
 
 def _name(dtype) -> str:
@@ -205,11 +216,11 @@ def _name(dtype) -> str:
 
 
 def _cache_path() -> str:
-  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(cache_home, 'transformer_jax', 'cpu_matmul_probe.json')
+  return files.cache_path('cpu_matmul_probe.json')
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
   import platform
   return cpuinfo_value('model name') or platform.processor() or platform.machine()
 

@@ -10,6 +10,8 @@ tunables that stop trimming fix the smaller cases.
 import os
 import sys
 
+from transformer_jax import files  # imports no jax: this module runs before jax starts
+
 JEMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libjemalloc.so.2',
                   '/usr/lib/aarch64-linux-gnu/libjemalloc.so.2', '/usr/lib/libjemalloc.so.2',
                   '/usr/local/lib/libjemalloc.so.2')
@@ -75,8 +77,7 @@ def allocator_description() -> str:
 
 
 def default_compilation_cache_dir() -> str:
-  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(cache_home, 'transformer_jax', 'xla')
+  return files.cache_path('xla')
 
 
 def enable_compilation_cache() -> str:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer_jax import precision
+from transformer_jax import onednn_lifetime, precision
 from transformer_jax.parallel import sharding
 from transformer_jax.training.accumulation import accumulated_value_and_grad
 
@@ -125,9 +125,9 @@ def build_train_step(task, tx: optax.GradientTransformation, mesh: jax.sharding.
   state_shardings, abstract_state = _placed(jax.eval_shape(create_state, jax.random.key(0)), mesh,
                                             rules)
   batch_sharding = sharding.batch_sharding(mesh)
-  step = jax.jit(make_train_step(task.loss_fn, tx, seed, accumulation_steps),
-                 in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None), donate_argnums=(0,),
-                 compiler_options=step_compiler_options(task, mesh))
+  step = onednn_lifetime.jit(make_train_step(task.loss_fn, tx, seed, accumulation_steps),
+                             in_shardings=(state_shardings, batch_sharding),
+                             out_shardings=(state_shardings, None), donate_argnums=(0,),
+                             compiler_options=step_compiler_options(task, mesh))
   return ShardedTrainStep(step=step, create_state=create_state, state_shardings=state_shardings,
                           abstract_state=abstract_state, batch_sharding=batch_sharding)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax import flops, precision
+from transformer_jax import flops, onednn_lifetime, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.sections import ModelChoices, RunSections
@@ -139,9 +139,10 @@ class Trainer:
     self._batch_sharding = sharded.batch_sharding
     self.eval_context = EvalContext(self.mesh, self.to_global, self.metrics.text)
     self._train_step = sharded.step
-    self._eval_step = jax.jit(make_eval_step(task.loss_fn),
-                              in_shardings=(self.state_shardings.params, self._batch_sharding),
-                              compiler_options=step_compiler_options(task, self.mesh))
+    self._eval_step = onednn_lifetime.jit(
+        make_eval_step(task.loss_fn),
+        in_shardings=(self.state_shardings.params, self._batch_sharding),
+        compiler_options=step_compiler_options(task, self.mesh))
     matmul = task.cfg.matmul_dtype
     logging.info(
         'matmuls in %s (%s)',
@@ -288,8 +289,7 @@ class Trainer:
             jax.block_until_ready(pending[-2])
           stop = stop_signal.check(step) or progress.stop_reason(step)
           if step % log_every == 0 or stop:
-            final.update(
-                self._log_train(step, _host_sums(pending), progress, guard, model_flops.peak))
+            final.update(self._log_train(step, _host_sums(pending), progress, guard, model_flops))
             pending = []
           if eval_every and step % eval_every == 0 and not stop:
             final.update(self._evaluate_and_log(state.params, step, eval_batches_fn))
@@ -331,9 +331,9 @@ class Trainer:
     logging.info('provenance of this run (start step %d) appended to %s', step, path)
 
   def _log_train(self, step: int, sums: dict[str, float], progress: '_Progress',
-                 guard: '_NonFiniteGuard', peak_flops: float | None) -> dict[str, float]:
+                 guard: '_NonFiniteGuard', model_flops: '_ModelFlops') -> dict[str, float]:
     """One progress line and the train/* scalars for the steps since the last one."""
-    steps, seconds, tokens, slots, model_flops = progress.interval(step)
+    steps, seconds, tokens, slots, flops_done = progress.interval(step)
     weight = max(sums.get('weight', 0.0), 1.0)
     scalars = {
         'loss': sums.get('loss', 0.0) / weight,
@@ -347,11 +347,11 @@ class Trainer:
         'skipped_nonfinite': guard.add(int(sums.get('skipped', 0))),
     }
     utilisation = ''
-    if model_flops:
-      scalars['model_flops_per_s'] = model_flops / seconds
-      if peak_flops:
-        scalars['mfu'] = scalars['model_flops_per_s'] / peak_flops
-        utilisation = f" | MFU {100 * scalars['mfu']:.1f}%"
+    if flops_done:
+      scalars['model_flops_per_s'] = flops_done / seconds
+      mfu, utilisation = model_flops.utilisation(scalars['model_flops_per_s'])
+      if mfu is not None:
+        scalars['mfu'] = mfu
     self.metrics.scalars(step, scalars, 'train')
     logging.info(
         'step %d/%d | loss %.4f | acc %.3f | lr %.2e | gnorm %.2f | %.2f steps/s | %s '
@@ -438,15 +438,44 @@ class _ModelFlops:
   def __init__(self, task, abstract_params, mesh):
     self.formula = getattr(task, 'model_flops', None)
     self.params = nn.meta.unbox(abstract_params)
-    self.cache, self.peak = {}, None
+    self.cache, self.peak, self.cpu_peak = {}, None, None
     if self.formula is None:
       return
     device = mesh.devices.flat[0]
-    per_device, source = flops.peak_flops_per_device(device, task.cfg.matmul_dtype or
-                                                     task.cfg.dtype)
-    if per_device:  # a CPU's figure is the whole host's, measured on each
-      self.peak = per_device * (jax.process_count() if device.platform == 'cpu' else mesh.size)
+    matmul_dtype = task.cfg.matmul_dtype or task.cfg.dtype
+    per_device, source = flops.peak_flops_per_device(device, matmul_dtype)
+    # A CPU's figure is the whole host's, measured on each process.
+    self.devices = jax.process_count() if device.platform == 'cpu' else mesh.size
+    if per_device:
+      self.peak = per_device * self.devices
+    if device.platform == 'cpu':
+      self.cpu_peak = flops.CpuPeak.of(matmul_dtype)
+    self.remeasured = False
     logging.info('MFU: model FLOPs (%s) against %s', flops.FORMULA, source)
+
+  def utilisation(self, model_flops_per_s: float) -> tuple[float | None, str]:
+    """(MFU or None, the progress line's text for it) of a window's model FLOP/s.
+
+    A CPU window faster than the peak means the peak is stale (measured under load, with no
+    quiet figure cached yet): the matmul is measured again, once per run, and the line says so
+    instead of showing a figure above 100%.
+    """
+    if not self.peak:
+      return None, ''
+    mfu = model_flops_per_s / self.peak
+    if mfu <= 1.0:
+      return mfu, f' | MFU {100 * mfu:.1f}%'
+    if self.cpu_peak is None:
+      return None, ' | MFU n/a (above the nominal peak)'
+    if not self.remeasured:
+      self.remeasured = True
+      self.peak = self.cpu_peak.measure() * self.devices
+      logging.info(
+          'MFU: this window ran at %s GFLOP/s of model FLOPs, above the peak; measured '
+          'the matmul again: %s', f'{model_flops_per_s / 1e9:,.0f}', self.cpu_peak.describe())
+      if model_flops_per_s <= self.peak:
+        return self.utilisation(model_flops_per_s)
+    return None, f' | MFU n/a (peak {self.peak / 1e9:,.0f} GFLOP/s is stale)'
 
   def of(self, batch) -> float:
     if self.formula is None:
