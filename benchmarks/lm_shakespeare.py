@@ -57,10 +57,10 @@ def main(argv):
 
   start = time.time()
   sections = lm.sections_of(config)
-  train_docs, valid_docs = lm.load_documents(sections.data)
-  task, trainer, tokenizer = lm.build(config, workdir, train_docs, sections)
+  corpus = lm.prepared_corpus(sections, workdir)
+  task, trainer, tokenizer = lm.build(config, workdir, sections=sections)
   save_config(config, workdir)
-  train_tokens, valid_tokens = lm.encode(tokenizer, train_docs), lm.encode(tokenizer, valid_docs)
+  train_tokens, valid_tokens = corpus.split('train'), corpus.split('valid')
   train_data, valid_batches = lm.make_data(sections, train_tokens, valid_tokens)
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   params = trainer.state.params

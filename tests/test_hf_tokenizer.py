@@ -368,11 +368,13 @@ def test_gpt2_shakespeare_bpe_trains(tmp_path, tiny_shakespeare):
   assert not [f for f in os.listdir(workdir) if '.tmp' in f]
   tokenizer = HFTokenizer.from_dir(os.path.join(workdir, 'tokenizer'))
   assert tokenizer.vocab_size == 320 and tokenizer.eos_id == 0
-  train_docs, _ = lm.load_documents(lm.sections_of(config).data)
-  stream = lm.encode(tokenizer, train_docs)
+  corpus = lm.prepared_corpus(lm.sections_of(config), workdir)  # WORKDIR/corpus, as it is
+  train = corpus.split('train')
+  stream = train.tokens(0, len(train))
   assert stream.dtype == np.uint16 and stream[-1] == tokenizer.eos_id
   # ~1 MB of text in 320 tokens: merges make a token worth more than one byte.
-  assert len(stream) < 0.7 * len(train_docs[0].encode('utf-8'))
+  assert len(stream) < 0.7 * 0.9 * os.path.getsize(tiny_shakespeare)
+  assert (stream == tokenizer.eos_id).sum() == len(train.document_bounds()) > 1000  # speeches
 
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     losses = [r['train/loss'] for r in map(json.loads, f) if 'train/loss' in r]
@@ -381,11 +383,13 @@ def test_gpt2_shakespeare_bpe_trains(tmp_path, tiny_shakespeare):
   assert losses[-1] < losses[0] - 0.8, losses  # 5.71 -> 4.53 when written
   assert results['eval_loss'] < uniform - 0.8 and results['step'] == 40
 
-  # A rerun keeps the saved tokenizer whatever vocab_size says (the ids must not change).
+  # A rerun keeps the saved tokenizer and corpus whatever vocab_size says (the ids must not
+  # change).
   rerun = _tiny_bpe_config(tiny_shakespeare, **{'tokenizer.vocab_size': 400})
-  again = lm.load_tokenizer(lm.sections_of(rerun).tokenizer, workdir, train_docs)
+  again = lm.load_tokenizer(lm.sections_of(rerun).tokenizer, workdir)
   assert again.vocab_size == 320
-  np.testing.assert_array_equal(lm.encode(again, train_docs), stream)
+  train = lm.prepared_corpus(lm.sections_of(rerun), workdir).split('train')
+  np.testing.assert_array_equal(train.tokens(0, len(train)), stream)
   with pytest.raises(ConfigError, match="tokenizer.type must be 'char', 'sentencepiece' or"):
     lm.sections_of(_tiny_bpe_config(tiny_shakespeare, **{'tokenizer.type': 'bpe'}))
 

@@ -29,6 +29,7 @@ LEVELS = {
     'kernels': 2,
     'parallel': 2,
     'data': 2,
+    'corpus': 2.5,  # corpora tokenized once into shards (data's tokenizers; read by workflows)
     'inference': 2,
     'layers': 3,
     'models': 4,

@@ -271,12 +271,16 @@ def test_tfds_tiny_shakespeare_source_on_mock_data(tmp_path):
                             eval__sample_tokens=5, eval__sample_prompt=' ')
   assert config.data.tfds_name == 'tiny_shakespeare'
   with tfds.testing.mock_data(num_examples=1):
-    train_docs, _ = lm.load_documents(lm.sections_of(config).data)
-    config.eval.sample_prompt = train_docs[0][0]  # mock text is random letters
+    text = next(iter(tfds.as_numpy(tfds.load('tiny_shakespeare', split='train'))))['text']
+    text = text.decode('utf-8')
+    config.eval.sample_prompt = text[0]  # mock text is random letters
     results = lm.train_and_evaluate(config, str(tmp_path))
   assert results['step'] == 2 and np.isfinite(results['eval_loss'])
   vocab = lm_data.CharTokenizer.load(str(tmp_path / 'tokenizer.json'))
-  assert vocab.chars == sorted(set(train_docs[0]))
+  assert vocab.chars == sorted(set(text))
+  corpus = lm.prepared_corpus(lm.sections_of(config), str(tmp_path))
+  train = corpus.split('train')
+  assert train.tokens(0, len(train)).tolist() == vocab.encode(text)  # one example, as it is
 
 
 def test_lm_sections_are_typed_once_and_name_a_wrong_key():

@@ -166,7 +166,8 @@ def test_lm_packed_training_end_to_end(tmp_path, monkeypatch, corpus):
   from transformer_jax.workflows import lm
   lines = _captions(corpus, 400)
   documents = [' '.join(lines[i:i + 2]) for i in range(0, len(lines), 2)]
-  monkeypatch.setattr(lm, 'load_documents', lambda data: (documents[:180], documents[180:]))
+  text = tmp_path / 'documents.txt'  # blank lines separate a 'file' source's documents
+  text.write_text('\n\n'.join(documents) + '\n')
   seen = []
   make_data = lm.make_data
 
@@ -176,7 +177,9 @@ def test_lm_packed_training_end_to_end(tmp_path, monkeypatch, corpus):
     return train, valid
 
   monkeypatch.setattr(lm, 'make_data', recording_make_data)
-  results = lm.train_and_evaluate(_tiny_lm_config(**{'data.pack': True}), str(tmp_path))
+  results = lm.train_and_evaluate(
+      _tiny_lm_config(**{'data.pack': True, 'data.path': str(text), 'data.train_fraction': 0.9}),
+      str(tmp_path / 'workdir'))
   assert results['step'] == 3 and np.isfinite(results['eval_loss'])
   assert seen and seen[0]['inputs_segment_ids'].max() > 1  # batches with several documents
 

@@ -22,7 +22,10 @@ def pretrain_config() -> ml_collections.ConfigDict:
   config.experiment = 'encoder'
   config.mode = 'pretrain'
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'files'  # 'files' (local text) or 'tfds'
+  config.data.source = 'files'  # 'files' (local text), 'tfds' or 'prepared'
+  # 'prepared': a folder of `python -m experiments.prepare --unit=lines` (local or gs://), read
+  # from its token shards; its tokenizer becomes the workdir's.
+  config.data.prepared = ''
   # 'files': comma-separated UTF-8 text files (.gz ok); one sentence per line, documents
   # separated by blank lines; data.lines_per_document > 0 cuts files without blank lines.
   config.data.paths = ''

@@ -1,12 +1,21 @@
 """GPT-2 small (124M shape) on lm1b with a 32k SentencePiece vocabulary: the accelerator run.
 
-  python -m experiments.lm --config=experiments/configs/gpt2_small.py --workdir=/tmp/gpt2 \
-      --config.data.tfds_data_dir=~/tensorflow_datasets
+Tokenize the corpus once, on a machine with cores to spare (a worker per core; `--engine=ray`
+on a cluster), into a folder every host can read (local disk or gs://):
 
-12 layers, 12 heads, 768 wide, context 1024. lm1b's sentences are joined with EOS into one
-stream and cut into 1024-token windows. Sized for a TPU/GPU host: on a CPU use it only shrunk
-(the tests run it at a tiny size on mock data). Set data.max_train_examples to tokenize a
-subset first (all of lm1b is ~30M sentences, ~0.8B tokens, held in memory as uint16).
+  python -m experiments.prepare --sources=tfds:lm1b --tfds_data_dir=~/tensorflow_datasets \
+      --tfds_split=train --tfds_valid_split=test --tokenizer=sentencepiece --vocab_size=32000 \
+      --output=gs://BUCKET/lm1b_spm32k
+
+then train from it (each host reads only its rows' windows; a resume tokenizes nothing):
+
+  python -m experiments.lm --config=experiments/configs/gpt2_small.py --workdir=/tmp/gpt2 \
+      --config.data.source=prepared --config.data.prepared=gs://BUCKET/lm1b_spm32k
+
+Without the first step the run prepares lm1b into WORKDIR/corpus itself (one process, on its
+first start). 12 layers, 12 heads, 768 wide, context 1024; lm1b's sentences are joined with EOS
+into one stream and cut into 1024-token windows. Sized for a TPU/GPU host: on a CPU use it only
+shrunk (the tests run it at a tiny size on mock data and on prepared shards with fsdp).
 """
 
 from experiments.configs.lm_common import lm_config

@@ -10,8 +10,11 @@ def lm_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.experiment = 'lm'  # trained by experiments.lm (transformer_jax/workflows/experiments.py)
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'file'  # 'file' (one text file) or 'tfds'
+  config.data.source = 'file'  # 'file' (one text file), 'tfds' or 'prepared'
   config.data.path = ''  # for 'file': a UTF-8 text file
+  # for 'prepared': a folder of `python -m experiments.prepare` (local or gs://); 'file' and
+  # 'tfds' are prepared the same way into WORKDIR/corpus on the first run
+  config.data.prepared = ''
   config.data.train_fraction = 0.9  # for 'file': the first 90% trains, the last 10% validates
   config.data.tfds_name = ''  # for 'tfds', e.g. 'tiny_shakespeare' or 'lm1b'
   config.data.tfds_feature = 'text'

@@ -6,6 +6,14 @@ r"""T5 v1.1-style span-corruption pretraining on local text (Raffel et al. 2020,
   python -m experiments.translate --config=experiments/configs/t5_span_corruption.py \
       --config.data.text_path=../shared/data/multi30k/train.en.gz \
       --config.data.valid_text_path=../shared/data/multi30k/val.en.gz --workdir=/tmp/t5_span_m30k
+  # any corpus, tokenized once into token shards (lines, a SentencePiece model trained on a
+  # sample of it, 0.5% of the lines held out), then read from them: nothing is tokenized at the
+  # start or on resume, and memory and start time do not grow with the corpus
+  python -m experiments.prepare --sources='books/*.txt' --output=/data/books_t5 --unit=lines \
+      --documents=lines --tokenizer=sentencepiece --vocab_size=32000 --valid_fraction=0.005
+  python -m experiments.translate --config=experiments/configs/t5_span_corruption.py \
+      --config.data.prepared=/data/books_t5 --config.data.text_path= \
+      --config.tokenizer.vocab_size=32000 --workdir=/tmp/t5_books
   # the trained model fills in the spans of any text ('<extra_id_i>' is sentinel i):
   echo "First Citizen: Before we <extra_id_0> any further, hear me <extra_id_1>." | \
       python -m experiments.translate --workdir=/tmp/t5_span --mode=translate
@@ -18,6 +26,15 @@ sentinels (128 input tokens with EOS), and the model learns to write out the mis
 held-out chunks, and greedy fill-ins of 32 of them in the log (their BLEU and exact match are
 logged too; the sentinels count as words there, so BLEU starts high and says little).
 
+From a prepared corpus (data.prepared, a folder or any fsspec URL such as gs://...; it replaces
+data.text_path, which must then be ''): the corpus's SentencePiece model becomes the workdir's
+spm.model (copied on the first run, checked against the corpus on every later one), chunk i of a
+split is its token stream's [141 i, 141 (i + 1)), exactly the chunks the text path cuts from the
+same lines, and batch s is a pure function of (seed, s): its rows are chunks in an order drawn
+per epoch, each with a mask of its own per epoch. Validation: the first data.valid_chunks chunks
+of the corpus's 'valid' split. Pass tokenizer.vocab_size as prepared (--vocab_size) so that the
+planner sizes the model as the run will.
+
 Model: T5 v1.1's design (`T5_V1_1_ARCHITECTURE`: pre-RMSNorm, relative position buckets,
 gated-GELU feed-forward, no biases, unscaled N(0, 1) embeddings, attention logits not divided
 by sqrt(head_dim), an output layer of its own), no dropout in pretraining, at 2+2 layers and
@@ -29,11 +46,18 @@ are still mostly frequent words: pretraining that shows needs far more compute t
 from experiments.configs.translate_common import translate_config
 from transformer_jax.models.encoder_decoder import T5_V1_1_ARCHITECTURE
 
+TEXT_PATH = '../shared/data/tinyshakespeare/input.txt'  # from the repository root
+
 
 def get_config():
   config = translate_config()
   config.data.task = 'span_corruption'
-  config.data.text_path = '../shared/data/tinyshakespeare/input.txt'  # from the repository root
+  # A corpus of `python -m experiments.prepare --unit=lines --tokenizer=sentencepiece`, read
+  # from its shards instead of data.text_path.
+  config.data.prepared = ''
+  config.data.valid_chunks = 1_024  # prepared: held-out chunks validated, 0 = the whole split
+  # Tiny Shakespeare; clear it (--config.data.text_path=) to read data.prepared instead.
+  config.data.text_path = TEXT_PATH
   config.data.valid_fraction = 0.05
   config.data.noise_density = 0.15
   config.data.mean_noise_span_length = 3.0

@@ -34,12 +34,14 @@ class _QuietLibraries:
     return record.levelno >= 30 or not noisy
 
 
-def run(main, argv=None):
+def run(main, argv=None, uses_jax: bool = True):
   """absl `app.run` body wrapper: one line and exit 1 for user errors; XLA's compilation cache
-  on (`process.enable_compilation_cache`)."""
+  on (`process.enable_compilation_cache`). `uses_jax=False` (corpus preparation) leaves jax
+  unimported."""
   logging.get_absl_handler().addFilter(_QuietLibraries())
-  logging.info('%s', process.enable_compilation_cache())
-  logging.info('%s', process.synchronous_cpu_dispatch())
+  if uses_jax:
+    logging.info('%s', process.enable_compilation_cache())
+    logging.info('%s', process.synchronous_cpu_dispatch())
   try:
     return main(argv)
   except UserError as error:

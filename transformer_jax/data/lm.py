@@ -230,10 +230,13 @@ def segment_ids_and_positions(inputs: np.ndarray, eos_id: int) -> tuple[np.ndarr
   return segment_ids, (index - last_start).astype(np.int32)
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
-             pack_eos_id: int | None = None) -> Batch:
-  # One fancy-index gathers all windows: rows start + [0, T]; inputs and targets are views.
-  chunk = tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
+def _windows(tokens, starts: np.ndarray, block_size: int, pack_eos_id: int | None = None) -> Batch:
+  # Rows start + [0, T]: a prepared corpus's split reads just those tokens from its shards
+  # (corpus/reader.py); an array gathers them with one fancy index. inputs and targets are views.
+  if hasattr(tokens, 'windows'):
+    chunk = tokens.windows(starts, block_size + 1)
+  else:
+    chunk = tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
   batch = {'inputs': chunk[:, :-1], 'targets': chunk[:, 1:]}
   if pack_eos_id is not None:
     batch['inputs_segment_ids'], batch['inputs_positions'] = segment_ids_and_positions(
@@ -241,8 +244,8 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
   return batch
 
 
-def _check_length(tokens: np.ndarray, block_size: int, what: str):
-  if tokens.ndim != 1:
+def _check_length(tokens, block_size: int, what: str):
+  if getattr(tokens, 'ndim', 1) != 1:
     raise DataError(f'{what} tokens must be one stream (1-D), got shape {tokens.shape}')
   if len(tokens) <= block_size:
     raise DataError(f'{what} text has {len(tokens)} tokens, fewer than block_size + 1 = '
@@ -250,7 +253,9 @@ def _check_length(tokens: np.ndarray, block_size: int, what: str):
 
 
 class RandomWindows(StepIndexedBatches):
-  """Endless training batches {'inputs', 'targets': int32[B, T]} of random windows.
+  """Endless training batches {'inputs', 'targets': int32[B, T]} of random windows of `tokens`:
+  an array, or a prepared corpus's split (`corpus.reader.TokenSplit`), of which each process
+  reads only its rows' windows.
 
   `batch_size` is the global batch; with several processes each yields its own contiguous
   slice of the same global draw, so the global batch does not depend on the process count.
@@ -258,9 +263,9 @@ class RandomWindows(StepIndexedBatches):
   'inputs_segment_ids' and 'inputs_positions' (`segment_ids_and_positions`).
   """
 
-  def __init__(self, tokens: np.ndarray, *, block_size: int, batch_size: int, seed: int,
-               process_index: int = 0, process_count: int = 1, pack_eos_id: int | None = None):
-    tokens = np.asarray(tokens)
+  def __init__(self, tokens, *, block_size: int, batch_size: int, seed: int, process_index: int = 0,
+               process_count: int = 1, pack_eos_id: int | None = None):
+    tokens = tokens if hasattr(tokens, 'windows') else np.asarray(tokens)
     _check_length(tokens, block_size, 'training')
     self._init_rows(batch_size, process_index, process_count)
     self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
@@ -277,7 +282,7 @@ def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int, num_batch
                  pack_eos_id: int | None = None) -> list[Batch]:
   """`num_batches` fixed random windows: the same ones at every evaluation, so eval losses
   compare across steps and runs. With `pack_eos_id`, segmented as `RandomWindows`'."""
-  tokens = np.asarray(tokens)
+  tokens = tokens if hasattr(tokens, 'windows') else np.asarray(tokens)
   _check_length(tokens, block_size, 'validation')
   rng = np.random.default_rng(seed)
   starts = rng.integers(0, len(tokens) - block_size, size=(num_batches, batch_size))

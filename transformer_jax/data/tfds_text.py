@@ -56,6 +56,12 @@ def _load(name: str, split: str, data_dir: str | None, max_examples: int | None)
   return dataset
 
 
+def dataset(name: str, split: str, data_dir: str | None = None) -> Any:
+  """The tf.data.Dataset of a TFDS split (slices such as 'train[0:1000]' too), in file order;
+  one DataError line where it cannot be loaded."""
+  return _load(name, split, data_dir, None)
+
+
 def _read_string_features(dataset: Any, features: list[str], name: str) -> list[list[str]]:
   """Returns one list of decoded strings per feature, in dataset order."""
   tfds = import_tfds()

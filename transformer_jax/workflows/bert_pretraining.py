@@ -2,9 +2,15 @@
 head, from a config (workflows/bert.py runs it).
 
 Documents come from local text files (blank lines separate documents, each line a sentence) or
-a TFDS corpus; per tokenizer.type a WordPiece vocabulary ('wordpiece': tokenizer.vocab_file, or
-trained on the training text as WORKDIR/vocab.txt) or RoBERTa's byte-level BPE ('byte_bpe':
-trained on the training text, saved as HF tokenizer files in WORKDIR/tokenizer/); `Bert` with
+a TFDS corpus, read and tokenized at every start; per tokenizer.type a WordPiece vocabulary
+('wordpiece': tokenizer.vocab_file, or trained on the training text as WORKDIR/vocab.txt) or
+RoBERTa's byte-level BPE ('byte_bpe': trained on the training text, saved as HF tokenizer files
+in WORKDIR/tokenizer/). Or, for a corpus of any size, data.source='prepared': the folder
+data.prepared of `python -m experiments.prepare --unit=lines` (local or an fsspec URL), whose
+token shards are read as rows are fed (`prepared_documents`): nothing is tokenized at start or
+resume, and what start-up holds grows by an int64 per line, not a Python object. Its tokenizer
+(kind 'wordpiece' for tokenizer.type 'wordpiece', 'roberta_bpe' for 'byte_bpe') is copied into
+the workdir on the first run and checked against the corpus's on every later one. `Bert` with
 the MLM head and, per data.sentence_task, an NSP ('nsp'), SOP ('sop') or no sentence head
 ('none': one-document rows; 'full_sentences': RoBERTa's rows packed across documents;
 data/bert_pretrain.py describes each). data.type_vocab_size is the number of segment ids (2;
@@ -24,19 +30,26 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import load_saved_config, save_config
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import model_config_from_dict
 from transformer_jax.workflows.bert_sections import Pretraining
 
 VOCAB_FILE = 'vocab.txt'
 TOKENIZER_DIR = 'tokenizer'  # tokenizer.type='byte_bpe': HF tokenizer files
+# tokenizer.type -> the kind of tokenizer a prepared corpus for it was tokenized with
+# (transformer_jax/corpus/tokenizers.py); the files are the same as the workdir's.
+CORPUS_TOKENIZERS = {'wordpiece': 'wordpiece', 'byte_bpe': 'roberta_bpe'}
 
 
 def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
-  """(training documents, held-out documents), each a list of sentence lines."""
+  """(training documents, held-out documents), each a list of sentence lines ('files' and
+  'tfds'; a prepared corpus has ids, not text: `prepared_documents`)."""
   from transformer_jax.data import bert_pretrain
   run = Pretraining.of(config)
   data = run.data
+  if data.source == 'prepared':
+    raise ConfigError(f'data.source=\'prepared\' ({data.prepared}) holds token ids, not text '
+                      'documents: read it with prepared_documents')
   if data.source == 'files':
     paths = [p.strip() for p in data.paths.split(',') if p.strip()]
     if not paths:
@@ -49,6 +62,63 @@ def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
   train, valid = load_tfds_train_valid(data)  # data.source 'tfds' (checked on reading)
   to_docs = bert_pretrain.text_to_document
   return ([d for d in map(to_docs, train) if d], [d for d in map(to_docs, valid) if d])
+
+
+def open_prepared(config):
+  """The `PreparedCorpus` of data.source='prepared' (its manifest read, nothing else), refused
+  with one line unless its sentence lines were tokenized by the tokenizer tokenizer.type
+  names."""
+  from transformer_jax.corpus.reader import PreparedCorpus
+  run = Pretraining.of(config)
+  corpus = PreparedCorpus(run.data.prepared)
+  kind, wanted = corpus.tokenizer_kind, CORPUS_TOKENIZERS[run.tokenizer.type]
+  if kind != wanted:
+    fits = [t for t, k in CORPUS_TOKENIZERS.items() if k == kind]
+    fix = (f'set --config.tokenizer.type={fits[0]}'
+           if fits else 'prepare it with --tokenizer=wordpiece or --tokenizer=roberta_bpe')
+    raise ConfigError(f'{corpus.root} was tokenized with a {kind} tokenizer, but '
+                      f'tokenizer.type={run.tokenizer.type!r} reads a {wanted} corpus: {fix}')
+  if corpus.unit != 'lines':
+    raise DataError(f'{corpus.root} was prepared with --unit={corpus.unit}: BERT pretraining '
+                    'reads sentence lines; prepare it with --unit=lines')
+  lowercase = corpus.manifest['tokenizer'].get('lowercase', True)
+  if kind == 'wordpiece' and lowercase != run.tokenizer.lowercase:
+    raise ConfigError(f'{corpus.root} was tokenized with lowercase={lowercase} but '
+                      f'tokenizer.lowercase={run.tokenizer.lowercase}: the workdir\'s tokenizer '
+                      f'would encode text otherwise; set --config.tokenizer.lowercase={lowercase}')
+  return corpus
+
+
+def prepared_documents(corpus, held_out: bool = True):
+  """(training documents, held-out documents) of a prepared corpus: `Documents` views of its
+  'train' and 'valid' splits (each line read from the shards when a row takes it); without
+  `held_out` (data.eval_batches=0) none are held out ([])."""
+  train, valid = corpus.split('train'), corpus.split('valid')
+  if not train.num_documents:
+    raise DataError(f'{corpus.root} has no training documents')
+  if not held_out:
+    return train.documents(), []
+  if not valid.num_documents:
+    raise DataError(f'{corpus.root} has no held-out documents to evaluate on: prepare it with '
+                    '--valid_fraction (or --valid_sources, --tfds_valid_split), or set '
+                    'data.eval_batches=0')
+  return train.documents(), valid.documents()
+
+
+def install_corpus_tokenizer(corpus, config, workdir: str):
+  """The corpus's tokenizer as the workdir's (WORKDIR/vocab.txt or WORKDIR/tokenizer/): copied
+  on the first run; after, the workdir's must be the one the ids came from (one error line)."""
+  name = TOKENIZER_DIR if Pretraining.of(config).tokenizer.type == 'byte_bpe' else VOCAB_FILE
+  path = os.path.join(workdir, name)
+  if not os.path.exists(path):
+    try:
+      corpus.copy_tokenizer(path)
+      logging.info('tokenizer: %s copied from %s', path, corpus.root)
+      return
+    except OSError:  # another process of this run copied it first: check that one
+      if not os.path.exists(path):
+        raise
+  corpus.check_tokenizer(path)
 
 
 def tokenizer_type(config) -> str:
@@ -139,16 +209,23 @@ def pretrain_options(config):
 
 
 def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
-  """(endless training batches, fixed held-out batches)."""
+  """(endless training batches, fixed held-out batches). The documents are text ('files',
+  'tfds': tokenized here), or with data.source='prepared' the `prepared_documents` views, read
+  from the shards as rows are fed."""
   from transformer_jax.data import bert_pretrain
   run = Pretraining.of(config)
   index, count = jax.process_index(), jax.process_count()
   options = pretrain_options(run)
-  train_docs = bert_pretrain.tokenize_documents(tokenizer, train_documents)
-  valid_docs = bert_pretrain.tokenize_documents(tokenizer, valid_documents)
+  if run.data.source == 'prepared':
+    train_docs, valid_docs = train_documents, valid_documents
+  else:
+    train_docs = bert_pretrain.tokenize_documents(tokenizer, train_documents)
+    valid_docs = bert_pretrain.tokenize_documents(tokenizer, valid_documents)
   batch_size = run.data.batch_size
   train = bert_pretrain.PretrainBatches(train_docs, tokenizer, options, batch_size=batch_size,
                                         seed=run.seed, process_index=index, process_count=count)
+  if not run.data.eval_batches:
+    return train, []
   valid = bert_pretrain.PretrainBatches(valid_docs, tokenizer, options, batch_size=batch_size,
                                         seed=run.seed + 1_000_003, process_index=index,
                                         process_count=count)
@@ -158,19 +235,31 @@ def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
 def pretrain(config, workdir: str) -> dict:
   """Pretrains (or resumes) to train.num_steps; returns the trainer's final metrics."""
   run = validate_pretrain(config)
-  train_docs, valid_docs = load_documents(run)
-  os.makedirs(workdir, exist_ok=True)
-  tokenizer = pretrain_tokenizer(run, workdir, train_docs)
+  if run.data.source == 'prepared':
+    corpus = open_prepared(run)
+    train_docs, valid_docs = prepared_documents(corpus, held_out=run.data.eval_batches > 0)
+    os.makedirs(workdir, exist_ok=True)
+    install_corpus_tokenizer(corpus, run, workdir)
+    tokenizer = pretrain_tokenizer(run, workdir)
+  else:
+    train_docs, valid_docs = load_documents(run)
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer = pretrain_tokenizer(run, workdir, train_docs)
   train_data, valid_batches = make_pretrain_data(run, tokenizer, train_docs, valid_docs)
   task, trainer, _ = build_pretrain(run, workdir, tokenizer, valid_batches)
   save_config(run.config, workdir)
   logging.info('documents: %d train (%d lines), %d held out (%d lines); vocabulary %d',
-               len(train_docs), sum(map(len, train_docs)), len(valid_docs),
-               sum(map(len, valid_docs)), tokenizer.vocab_size)
+               len(train_docs), _lines(train_docs), len(valid_docs), _lines(valid_docs),
+               tokenizer.vocab_size)
   results = trainer.fit(train_data, lambda: iter(valid_batches))
   results['params'] = trainer.num_params()
   trainer.close()
   return results
+
+
+def _lines(documents) -> int:
+  """Lines of a list of documents or of a `Documents` view (without visiting its documents)."""
+  return documents.num_lines if hasattr(documents, 'num_lines') else sum(map(len, documents))
 
 
 def restore_pretrained(workdir: str):

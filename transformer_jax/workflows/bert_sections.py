@@ -75,10 +75,15 @@ class Rows(Section):
   batch_size: int
 
 
+PRETRAIN_SOURCES = ('files', 'tfds', 'prepared')
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainData(Rows):
-  """`data.*` of pretraining: local text files (source 'files') or a TFDS corpus ('tfds'), cut
-  into MLM (+ NSP/SOP) rows (data/bert_pretrain.py)."""
+  """`data.*` of pretraining: local text files (source 'files'), a TFDS corpus ('tfds'), or a
+  corpus tokenized once into shards by `python -m experiments.prepare --unit=lines` ('prepared':
+  the folder data.prepared, local or an fsspec URL), cut into MLM (+ NSP/SOP) rows
+  (data/bert_pretrain.py)."""
   max_predictions: int
   mask_rate: float
   sentence_task: str  # data/bert_pretrain.SENTENCE_TASKS
@@ -96,11 +101,21 @@ class PretrainData(Rows):
   type_vocab_size: int = 2  # segment ids of the model (RoBERTa's 1)
   short_seq_prob: float = 0.1
   pack: bool = False
+  prepared: str = ''  # 'prepared': the corpus folder (configs written before it have none)
 
   def check(self):
     from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
-    if self.source not in ('files', 'tfds'):
-      raise ConfigError(f"data.source must be 'files' or 'tfds', got {self.source!r}")
+    if self.source not in PRETRAIN_SOURCES:
+      # Worded as before 'prepared' came, which tests and users may match.
+      raise ConfigError(f"data.source must be 'files' or 'tfds', got {self.source!r} (or "
+                        "'prepared': a corpus of python -m experiments.prepare, in data.prepared)")
+    if self.source == 'prepared' and not self.prepared:
+      raise ConfigError("data.source='prepared' reads a corpus of python -m experiments.prepare "
+                        '--unit=lines: pass --config.data.prepared=DIR')
+    if self.prepared and self.source != 'prepared':
+      raise ConfigError(f'data.prepared={self.prepared!r} is read only with '
+                        f"data.source='prepared', not {self.source!r}: set "
+                        '--config.data.source=prepared, or data.prepared=\'\'')
     task = self.sentence_task
     if task not in SENTENCE_TASKS:
       raise ConfigError(f'data.sentence_task must be one of {SENTENCE_TASKS}, got {task!r}')
@@ -210,6 +225,10 @@ class Pretraining(Experiment):
     if task in PAIR_TASKS and types < 2 and tokenizer.type == 'wordpiece':
       raise ConfigError(f"data.sentence_task={task!r} with WordPiece gives sentence B segment "
                         f'id 1: data.type_vocab_size must be 2, got {types}')
+    if data.source == 'prepared' and tokenizer.vocab_file:
+      raise ConfigError(f'tokenizer.vocab_file={tokenizer.vocab_file!r} is not read with '
+                        "data.source='prepared': the corpus's ids come from its own tokenizer "
+                        "(prepare it with --tokenizer_from=VOCAB); set tokenizer.vocab_file=''")
     return {'data': data, 'tokenizer': tokenizer}
 
 

@@ -4,10 +4,16 @@
 (sampling) and `benchmarks/lm_shakespeare.py` are thin callers of these functions.
 
 Data sources (config.data.source):
-  'file': one UTF-8 text file (data.path), split into the first data.train_fraction for
-          training and the rest for validation (nanoGPT's shakespeare_char);
-  'tfds': a TFDS text corpus (data.tfds_name, e.g. 'tiny_shakespeare' or 'lm1b'), with its
-          own train and validation splits.
+  'file':     one UTF-8 text file (data.path), split into the first data.train_fraction for
+              training and the rest for validation (nanoGPT's shakespeare_char); subword
+              documents are separated by blank lines;
+  'tfds':     a TFDS text corpus (data.tfds_name, e.g. 'tiny_shakespeare' or 'lm1b'), with its
+              own train and validation splits;
+  'prepared': a corpus tokenized once by `python -m experiments.prepare` (data.prepared: its
+              folder, local or gs://), any size: nothing is tokenized at start or resume.
+A 'file' or 'tfds' corpus is prepared the same way into WORKDIR/corpus on the first run
+(`prepared_corpus`) and read from there after, so every source trains from memory-mapped token
+shards, each process reading only the windows of its own rows (transformer_jax/corpus/).
 Tokenizers (config.tokenizer.type): 'char' (sorted distinct characters of the training
 text, saved as tokenizer.json), 'sentencepiece' (spm.model, trained on the training
 text; documents joined with EOS) or 'byte_bpe' (GPT-2's byte-level BPE with
@@ -23,7 +29,6 @@ a subword tokenizer; a 'char' tokenizer is refused before anything is written.
 import math
 import os
 import shutil
-import tempfile
 
 import jax
 import numpy as np
@@ -31,97 +36,125 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
+from transformer_jax.corpus import prepare
+from transformer_jax.corpus import sources as corpus_sources
+from transformer_jax.corpus import tokenizers as corpus_tokenizers
+from transformer_jax.corpus.reader import PreparedCorpus
 from transformer_jax.data import lm as lm_data
-from transformer_jax.data import tokenizer as tok
 from transformer_jax.data.hf_tokenizer import HFTokenizer
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError, DataError, UserError
 from transformer_jax.workflows import experiments
 from transformer_jax.workflows.lm_sections import Data, LmSections, Tokenizer
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
 SPM_FILE = 'spm.model'
 BPE_DIR = 'tokenizer'  # a byte-level BPE: HFTokenizer.save's Hugging Face files
+CORPUS_DIR = 'corpus'  # a 'file' or 'tfds' source, prepared on the first run
 
 # -- data ---------------------------------------------------------------------------------------
 
 
-def load_documents(data: Data) -> tuple[list[str], list[str]]:
-  """(training documents, validation documents) from data.source ('file' or 'tfds')."""
+def _preparation(sections: LmSections, workdir: str) -> prepare.Options:
+  """How a 'file' or 'tfds' source becomes WORKDIR/corpus: the workdir's tokenizer when it has
+  one (a resumed run keeps its ids), else one trained on the training text."""
+  data, tok = sections.data, sections.tokenizer
+  char = tok.type == 'char'
+  common = dict(tokenizer=tok.type, unit='documents', vocab_size=tok.vocab_size,
+                model_type=tok.model_type, max_sentences=tok.max_sentences,
+                tokenizer_from=workdir if os.path.exists(_tokenizer_path(tok, workdir)) else '')
   if data.source == 'file':
-    train, valid = lm_data.split_train_val(lm_data.read_text(data.path), data.train_fraction)
-    return [train], [valid]
-  from transformer_jax.data.tfds_text import load_tfds_train_valid
-  train, valid = load_tfds_train_valid(data)
-  return train, valid
+    if not data.path:
+      raise DataError('data.path is empty: pass --config.data.path=FILE (a UTF-8 text file)')
+    if not os.path.isfile(data.path):
+      raise DataError(f'text file {data.path} does not exist (relative paths start from '
+                      f'{os.getcwd()})')
+    return prepare.Options(sources=(data.path,), documents='whole' if char else 'blank_lines',
+                           train_fraction=data.train_fraction, invalid_utf8='error', **common)
+  # One example, one document (empty ones too: they are an EOS), as the TFDS loader read them.
+  return prepare.Options(sources=(f'tfds:{data.tfds_name}',), documents='whole',
+                         text_field=data.tfds_feature, tfds_split=data.train_split,
+                         tfds_valid_split=data.valid_split, tfds_data_dir=data.tfds_data_dir,
+                         max_examples=data.max_train_examples,
+                         max_valid_examples=data.max_valid_examples, **common)
 
 
-def load_tokenizer(tokenizer: Tokenizer, workdir: str, train_documents: list[str] | None = None):
-  """The workdir's tokenizer of tokenizer.type; built from the training documents on the first
-  run."""
-  kind = tokenizer.type
-  if kind == 'char':
-    path = os.path.join(workdir, CHAR_VOCAB_FILE)
-    if train_documents is None:
-      return lm_data.CharTokenizer.load(path)
-    return lm_data.CharTokenizer.load_or_build(path, ''.join(train_documents))
-  if kind == 'sentencepiece':
-
-    def texts():  # read only when the model file is missing
-      if train_documents is None:
-        raise ConfigError(f'no tokenizer model in {workdir}: train first')
-      return iter(train_documents)
-
-    return tok.load_or_train_tokenizer(os.path.join(workdir, SPM_FILE), texts, tokenizer.vocab_size,
-                                       model_type=tokenizer.model_type,
-                                       max_sentences=tokenizer.max_sentences)
-  # 'byte_bpe' (Tokenizer.check refused any other type)
-  return load_or_train_byte_bpe(os.path.join(workdir, BPE_DIR), train_documents,
-                                tokenizer.vocab_size)
+def _tokenizer_path(tokenizer: Tokenizer, workdir: str) -> str:
+  return os.path.join(workdir, corpus_tokenizers.FILE_NAMES[tokenizer.type])
 
 
-def load_or_train_byte_bpe(directory: str, train_documents: list[str] | None,
-                           vocab_size: int) -> HFTokenizer:
-  """The byte-level BPE saved in `directory`, else one trained on the documents and saved.
+def prepared_corpus(sections: LmSections, workdir: str) -> PreparedCorpus:
+  """The run's prepared corpus, with its tokenizer in the workdir.
 
-  A resumed run must keep its ids, so an existing folder wins over the config's vocab_size.
-  The folder appears whole or not at all: it is written beside and renamed into place.
+  data.source='prepared': the folder data.prepared. 'file' and 'tfds': WORKDIR/corpus, prepared
+  on the first run (a small file in this process, in seconds); a later run, or a resume, finds it
+  there and tokenizes nothing. The workdir's tokenizer is the corpus's: copied on the first run,
+  checked against the manifest's SHA-256 after.
   """
-  if os.path.isdir(directory):
-    tokenizer = HFTokenizer.from_dir(directory)
-    if tokenizer.vocab_size != vocab_size:
-      logging.warning(
-          'tokenizer %s has %d tokens but vocab_size=%d was requested; using the '
-          'existing one', directory, tokenizer.vocab_size, vocab_size)
-    return tokenizer
-  if train_documents is None:
-    raise ConfigError(f'no tokenizer folder {directory}: train first')
-  tokenizer = HFTokenizer.train_byte_level_bpe(train_documents, vocab_size)
-  staging = tempfile.mkdtemp(dir=os.path.dirname(directory), prefix=f'.{BPE_DIR}.tmp-')
-  try:
-    os.chmod(staging, 0o755)  # mkdtemp makes an owner-only folder; this is a normal one
-    tokenizer.save(staging)
-    try:
-      os.replace(staging, directory)
-    except OSError:
-      if not os.path.isdir(directory):
+  data = sections.data
+  if data.source == 'prepared':
+    corpus = PreparedCorpus(data.prepared)
+  else:
+    root = os.path.join(workdir, CORPUS_DIR)
+    options = None
+    if not _still_prepared(root, data):
+      options = _preparation(sections, workdir)
+      if os.path.exists(os.path.join(root, 'manifest.json')):
+        logging.warning('%s was prepared from another version of the data; preparing it again',
+                        root)
+        shutil.rmtree(root)
+      small = data.source == 'tfds' or os.path.getsize(data.path) < 2 * options.unit_bytes
+      # Prepared beside and renamed into place: bad data leaves nothing in the workdir, and a
+      # killed first run resumes the staging folder (its finished shards kept).
+      staging = root + '.partial'
+      try:
+        prepare.prepare(options, staging, workers=1 if small else 0)
+      except UserError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not os.listdir(workdir):
+          os.rmdir(workdir)  # this run made it
         raise
-      # Another process of this job saved its folder first: all use that one, so ids agree.
-      shutil.rmtree(staging, ignore_errors=True)
-      return HFTokenizer.from_dir(directory)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
-  logging.info('saved the byte-level BPE to %s', directory)
-  return tokenizer
+      os.replace(staging, root)
+    corpus = PreparedCorpus(root)
+  if corpus.unit != 'documents':
+    raise DataError(f'{corpus.root} was prepared with unit=lines (BERT, T5); a language model '
+                    'reads unit=documents')
+  _install_tokenizer(corpus, sections.tokenizer, workdir)
+  return corpus
 
 
-def encode(tokenizer, documents: list[str]) -> np.ndarray:
-  """One token stream: characters as they are, subword documents each followed by the
-  tokenizer's EOS."""
-  if isinstance(tokenizer, lm_data.CharTokenizer):
-    ids = tokenizer.encode(''.join(documents))
-    return np.asarray(ids, lm_data.token_dtype(tokenizer.vocab_size))
-  return lm_data.encode_documents(tokenizer, documents)
+def _still_prepared(root: str, data: Data) -> bool:
+  """Whether WORKDIR/corpus holds a corpus of the configured source as it is now (the file's
+  size and ends unchanged): then it is read as it is, without planning anything."""
+  if not os.path.exists(os.path.join(root, 'manifest.json')):
+    return False
+  manifest = PreparedCorpus(root).manifest
+  if data.source == 'file':
+    return (os.path.isfile(data.path) and
+            manifest['sources'][:1] == [corpus_sources.fingerprint(data.path)] and
+            manifest['split']['train_fraction'] == data.train_fraction)
+  return manifest['sources'][:1] == [{'path': f'tfds:{data.tfds_name}'}]
+
+
+def _install_tokenizer(corpus: PreparedCorpus, tokenizer: Tokenizer, workdir: str):
+  kind = corpus.tokenizer_kind
+  expected = {'hf': 'byte_bpe'}.get(kind, kind)
+  if expected != tokenizer.type:
+    raise ConfigError(f'{corpus.root} was tokenized with a {kind} tokenizer but '
+                      f"tokenizer.type={tokenizer.type!r}; set --config.tokenizer.type={expected}")
+  path = _tokenizer_path(tokenizer, workdir)
+  if os.path.exists(path):
+    corpus.check_tokenizer(path)
+  else:
+    corpus.copy_tokenizer(path)
+
+
+def load_tokenizer(tokenizer: Tokenizer, workdir: str):
+  """The workdir's tokenizer of tokenizer.type (`prepared_corpus` put it there on the first
+  run)."""
+  path = _tokenizer_path(tokenizer, workdir)
+  if not os.path.exists(path):
+    raise ConfigError(f'the tokenizer {path} is missing: train first')
+  return corpus_tokenizers.load(tokenizer.type, path)
 
 
 # -- composition --------------------------------------------------------------------------------
@@ -148,13 +181,12 @@ def validate(config) -> LmSections:
   return sections
 
 
-def build_task(config, workdir: str, train_documents: list[str] | None = None,
-               sections: LmSections | None = None):
+def build_task(config, workdir: str, sections: LmSections | None = None):
   """(task, tokenizer) for `config` (read into `sections` unless given), the model sized to the
   tokenizer."""
   from transformer_jax.tasks.lm import LanguageModelTask
   sections = sections or sections_of(config)
-  tokenizer = load_tokenizer(sections.tokenizer, workdir, train_documents)
+  tokenizer = load_tokenizer(sections.tokenizer, workdir)
   sample = sections.eval
   task = LanguageModelTask(sections.model_config(tokenizer.vocab_size), tokenizer=tokenizer,
                            eos_id=lm_data.lm_eos_id(tokenizer),
@@ -164,11 +196,10 @@ def build_task(config, workdir: str, train_documents: list[str] | None = None,
   return task, tokenizer
 
 
-def build(config, workdir: str, train_documents: list[str] | None = None,
-          sections: LmSections | None = None):
+def build(config, workdir: str, sections: LmSections | None = None):
   """(task, trainer, tokenizer) for `config`, as `build_task`."""
   from transformer_jax.training.trainer import Trainer
-  task, tokenizer = build_task(config, workdir, train_documents, sections)
+  task, tokenizer = build_task(config, workdir, sections)
   return task, Trainer(config, task, workdir), tokenizer
 
 
@@ -221,12 +252,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (or resumes) to train.num_steps; returns the trainer's final metrics."""
   sections = validate(config)
   os.makedirs(workdir, exist_ok=True)
-  train_docs, valid_docs = load_documents(sections.data)
-  task, trainer, tokenizer = build(config, workdir, train_docs, sections)
+  corpus = prepared_corpus(sections, workdir)
+  task, trainer, tokenizer = build(config, workdir, sections=sections)
   save_config(config, workdir)
-  train_tokens, valid_tokens = encode(tokenizer, train_docs), encode(tokenizer, valid_docs)
-  logging.info('tokens: %s train, %s validation; vocabulary %d', f'{len(train_tokens):,}',
-               f'{len(valid_tokens):,}', tokenizer.vocab_size)
+  train_tokens, valid_tokens = corpus.split('train'), corpus.split('valid')
+  logging.info('tokens: %s train, %s validation (%s); vocabulary %d', f'{len(train_tokens):,}',
+               f'{len(valid_tokens):,}', corpus.root, tokenizer.vocab_size)
   train_data, valid_batches = make_data(sections, train_tokens, valid_tokens,
                                         lm_data.lm_eos_id(tokenizer))
   results = trainer.fit(train_data, lambda: iter(valid_batches))

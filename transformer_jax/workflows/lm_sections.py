@@ -18,7 +18,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
 from transformer_jax.sections import RunSections, Section, section_of
 
-DATA_SOURCES = ('file', 'tfds')
+DATA_SOURCES = ('file', 'tfds', 'prepared')
 TOKENIZER_TYPES = ('char', 'sentencepiece', 'byte_bpe')
 
 
@@ -39,10 +39,14 @@ class Data(Section):
   max_valid_examples: int = 0
   eval_batches: int = 20  # fixed validation batches, the same at every evaluation
   pack: bool = False  # documents as attention segments (needs a subword tokenizer)
+  prepared: str = ''  # 'prepared': a folder of `python -m experiments.prepare` (local or gs://)
 
   def check(self):
     if self.source not in DATA_SOURCES:
-      raise ConfigError(f"data.source must be 'file' or 'tfds', got {self.source!r}")
+      raise ConfigError(f"data.source must be 'file', 'tfds' or 'prepared', got {self.source!r}")
+    if self.source == 'prepared' and not self.prepared:
+      raise ConfigError("data.source='prepared' reads a prepared corpus: pass "
+                        '--config.data.prepared=DIR (python -m experiments.prepare makes one)')
     for key in ('block_size', 'batch_size'):
       if getattr(self, key) < 1:
         raise ConfigError(f'data.{key} must be positive, got {getattr(self, key)}')

@@ -4,10 +4,10 @@
 callers of these functions.
 
 The same encoder-decoder also runs T5's recipes (Raffel et al. 2020), chosen by config:
-  - data.task='span_corruption': pretraining on plain text (data.text_path), each chunk of it
-    turned into (inputs with spans cut out, the spans) by data/span_corruption.py, validated
-    on held-out text; the model vocabulary is the tokenizer's plus tokenizer.num_sentinels
-    (workflows/span_corruption.py).
+  - data.task='span_corruption': pretraining on plain text (data.text_path, or a corpus
+    prepared into token shards, data.prepared), each chunk of it turned into (inputs with spans
+    cut out, the spans) by data/span_corruption.py, validated on held-out text; the model
+    vocabulary is the tokenizer's plus tokenizer.num_sentinels (workflows/span_corruption.py).
   - data.source_prefix (e.g. 'translate English to German: '): text-to-text fine-tuning, the
     prefix on every source sentence at training, evaluation and translation.
   - init.workdir / init.hf_dir: text-to-text fine-tuning of a pretrained T5, a span-corruption
@@ -102,7 +102,8 @@ def abstract_task(config, num_devices: int | None = None):
   The batch is the longest bucket's (the most attention work and activation memory), with as
   many rows as `BucketedBatcher` gives it: batch_tokens // length rounded down to a multiple of
   data x fsdp (x accumulation steps) over `num_devices` (default: jax's). Span corruption's
-  targets are as short as its batches make them. Packed (data.pack), it is the one shape of
+  targets are as short as its batches make them; from a prepared corpus its inputs are
+  data.max_len long (`SpanCorruptionSteps`). Packed (data.pack), it is the one shape of
   every batch, [rows, data.max_len rounded up to 8], with the segment ids and positions of
   both streams.
   """
@@ -127,6 +128,8 @@ def abstract_task(config, num_devices: int | None = None):
         for suffix in ('', '_segment_ids', '_positions')
     }
   length = batching.bucket_lengths(run.data.max_len, run.data.buckets)[-1]
+  if run.data.span_corruption and run.data.prepared:  # step-indexed rows of max_len, no buckets
+    length = run.data.max_len
   rows = max(multiple_of, (run.data.batch_tokens // length) // multiple_of * multiple_of)
   targets = length
   if run.data.span_corruption:  # batches carry only the targets' columns

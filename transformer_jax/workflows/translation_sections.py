@@ -56,12 +56,15 @@ class Data(Section):
   pack: bool = False  # several pairs per row (data/packing.py); before packing: buckets
   task: str = TRANSLATION
   source_prefix: str = ''  # text to text: on every source sentence
-  # Span corruption (T5): plain text cut into chunks with spans cut out.
+  # Span corruption (T5): plain text cut into chunks with spans cut out, from text_path or
+  # prepared (one of them).
   text_path: str = ''
   valid_text_path: str = ''  # '' = the last valid_fraction of text_path's lines
   valid_fraction: float = 0.05
   noise_density: float = NOISE_DENSITY
   mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH
+  prepared: str = ''  # a 'lines' corpus of `python -m experiments.prepare` (local or fsspec URL)
+  valid_chunks: int = 0  # prepared: the first chunks of its 'valid' split validate; 0 = all
 
   def check(self):
     if self.task not in (TRANSLATION, SPAN_CORRUPTION):
@@ -74,6 +77,8 @@ class Data(Section):
     if self.max_len < 1 or self.batch_tokens < 1 or self.max_train_examples < 0:
       raise ConfigError('data: need max_len >= 1, batch_tokens >= 1 and max_train_examples >= 0 '
                         f'(got {self.max_len}, {self.batch_tokens}, {self.max_train_examples})')
+    if self.valid_chunks < 0:
+      raise ConfigError(f'data.valid_chunks must be >= 0, got {self.valid_chunks}')
 
   @property
   def span_corruption(self) -> bool:
