@@ -285,6 +285,9 @@ def main():
     prepared = {}
     for label, path in (('10MB', small), (f'{args.size_mb}MB', corpus)):
       target = work / f'start_{label}'
+      compared = work / f'prepared_byte_bpe_{args.rounds - 1}'  # the comparison's last corpus
+      if path == corpus and args.rounds and (compared / 'manifest.json').exists():
+        target = compared
       if not (target / 'manifest.json').exists():
         measure(prepare_command(path, target, 'byte_bpe', tokenizer))
       prepared[label] = str(target)

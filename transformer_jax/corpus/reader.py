@@ -19,6 +19,7 @@ against the shard's record: a corrupted or truncated shard is an error naming it
 
 import os
 import shutil
+import tempfile
 import zlib
 
 import numpy as np
@@ -207,21 +208,29 @@ class PreparedCorpus:
     return self._splits[name]
 
   def copy_tokenizer(self, path: str):
-    """Writes the corpus's tokenizer to the local `path` (a workdir's), whole or not at all."""
+    """Writes the corpus's tokenizer to the local `path` (a workdir's), whole or not at all;
+    where another process of the job wrote it first, checks that one."""
     source = self.tokenizer_path
-    staging = path + '.tmp'
-    if not storage.is_remote(source) and os.path.isdir(source):
+    folder = os.path.dirname(os.path.abspath(path))
+    staging = tempfile.mkdtemp(dir=folder, prefix=f'.{os.path.basename(path)}.tmp-')
+    try:
+      if self.manifest['tokenizer']['file'].endswith(('.json', '.model', '.txt')):
+        target = os.path.join(staging, 'file')
+        with open(target, 'wb') as f:
+          f.write(storage.read_bytes(source))
+      else:
+        target = os.path.join(staging, 'folder')
+        os.makedirs(target)
+        for name in storage.listdir(source):
+          with open(os.path.join(target, name), 'wb') as f:
+            f.write(storage.read_bytes(storage.join(source, name)))
+      try:
+        os.replace(target, path)
+      except OSError:  # a folder another process put there first
+        if not os.path.exists(path):
+          raise
+    finally:
       shutil.rmtree(staging, ignore_errors=True)
-      shutil.copytree(source, staging)
-    elif self.manifest['tokenizer']['file'].endswith(('.json', '.model', '.txt')):
-      with open(staging, 'wb') as f:
-        f.write(storage.read_bytes(source))
-    else:  # a remote folder
-      os.makedirs(staging, exist_ok=True)
-      for name in storage.listdir(source):
-        with open(os.path.join(staging, name), 'wb') as f:
-          f.write(storage.read_bytes(storage.join(source, name)))
-    os.replace(staging, path)
     self.check_tokenizer(path)
 
   def check_tokenizer(self, path: str, kind: str | None = None):

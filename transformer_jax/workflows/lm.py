@@ -104,8 +104,10 @@ def prepared_corpus(sections: LmSections, workdir: str) -> PreparedCorpus:
         shutil.rmtree(root)
       small = data.source == 'tfds' or os.path.getsize(data.path) < 2 * options.unit_bytes
       # Prepared beside and renamed into place: bad data leaves nothing in the workdir, and a
-      # killed first run resumes the staging folder (its finished shards kept).
-      staging = root + '.partial'
+      # killed first run resumes its staging folder (its finished shards kept). One folder per
+      # process: the processes of a job on one shared workdir each prepare it (as each read the
+      # text before), and the first to finish puts its corpus in place for all.
+      staging = f'{root}.partial-{jax.process_index()}'
       try:
         prepare.prepare(options, staging, workers=1 if small else 0)
       except UserError:
@@ -113,7 +115,12 @@ def prepared_corpus(sections: LmSections, workdir: str) -> PreparedCorpus:
         if not os.listdir(workdir):
           os.rmdir(workdir)  # this run made it
         raise
-      os.replace(staging, root)
+      try:
+        os.replace(staging, root)
+      except OSError:
+        if not os.path.exists(os.path.join(root, 'manifest.json')):
+          raise
+        shutil.rmtree(staging, ignore_errors=True)  # another process was first
     corpus = PreparedCorpus(root)
   if corpus.unit != 'documents':
     raise DataError(f'{corpus.root} was prepared with unit=lines (BERT, T5); a language model '
