@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, set_path
 from test_elastic_resume import check_resumed_like_reference, rewind
 from transformer_jax import xla_options
 from transformer_jax.corpus import prepare, tokenizers
@@ -38,11 +38,7 @@ def _char_config(path: str, **values):
       'eval.sample_tokens': 0, **values
   }
   for key, value in settings.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
+    set_path(config, key, value)
   return config
 
 

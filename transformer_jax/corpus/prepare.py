@@ -20,6 +20,7 @@ corpus. Progress goes to the log every few seconds, with tokens/s and an ETA fro
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -248,9 +249,11 @@ def prepare_unit(task: UnitTask) -> list[dict]:
         for document, split in zip(batch, targets):
           writers[split].add(_char_ids(tokenizer, document))
       else:
-        tail = [] if task.eos is None else [task.eos]
-        for ids, split in zip(tokenizer.encode_batch(batch), targets):
-          writers[split].add(list(ids) + tail)
+        encoded = tokenizer.encode_batch(batch)
+        for split, writer in writers.items():
+          chosen = [ids for ids, target in zip(encoded, targets) if target == split]
+          if chosen:
+            writer.add_many(*_documents_and_eos(chosen, task.eos))
     return [
         writers[split].finish(unit.to_json(), task.plan_id, invalid.lines if i == 0 else 0)
         for i, split in enumerate(splits)
@@ -261,19 +264,43 @@ def prepare_unit(task: UnitTask) -> list[dict]:
     raise
 
 
+def _documents_and_eos(encoded: list, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+  """(all ids, each followed by `eos` where there is one; each document's length) of a batch of
+  id lists, built without a Python step per token."""
+  lengths = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
+  flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int64, count=int(lengths.sum()))
+  if eos is None:
+    return flat, lengths
+  lengths += 1
+  ids = np.empty(int(lengths.sum()), np.int64)
+  ends = np.cumsum(lengths) - 1
+  keep = np.ones(len(ids), bool)
+  keep[ends] = False
+  ids[ends] = eos
+  ids[keep] = flat
+  return ids, lengths
+
+
 def _add_lines(tokenizer, documents: list[str], targets: list[str], writers: dict):
   """'lines' corpora: every non-empty line of each document encoded alone; lines that encode
   to nothing and documents left with no line are dropped (as BERT's reader does)."""
   lines = [[line.strip() for line in doc.split('\n') if line.strip()] for doc in documents]
   flat = [line for doc in lines for line in doc]
   encoded = tokenizer.encode_batch(flat) if flat else []
+  per_split = {split: ([], [], []) for split in writers}  # lines' ids, their lengths, documents'
   k = 0
   for doc, split in zip(lines, targets):
     kept = [ids for ids in encoded[k:k + len(doc)] if len(ids)]
     k += len(doc)
     if kept:
-      writers[split].add(np.concatenate([np.asarray(ids, np.int64) for ids in kept]),
-                         [len(ids) for ids in kept])
+      ids, line_lengths, document_lengths = per_split[split]
+      ids += kept
+      line_lengths += map(len, kept)
+      document_lengths.append(sum(map(len, kept)))
+  for split, (ids, line_lengths, document_lengths) in per_split.items():
+    if ids:
+      flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=sum(line_lengths))
+      writers[split].add_many(flat, document_lengths, line_lengths)
 
 
 # -- the whole corpus ---------------------------------------------------------------------------
