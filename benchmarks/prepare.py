@@ -184,7 +184,7 @@ def compare(work: pathlib.Path, corpus: pathlib.Path, kind: str, tokenizer: str,
     results['nanogpt'].append(
         dict(seconds=run['seconds'], peak_rss_mb=run['peak_rss_mb'], tokens=tokens,
              tokens_per_s=tokens / run['seconds']))
-    out.unlink()
+    out.unlink(missing_ok=True)
     output = work / f'prepared_{kind}_{r}'
     run = measure(prepare_command(corpus, output, kind, tokenizer))
     summary = json.loads(run['stdout'].strip().splitlines()[-1])
