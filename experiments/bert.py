@@ -21,7 +21,7 @@ what was trained.
   python -m experiments.bert --mode=evaluate --workdir=/tmp/sst2 --input=../shared/data/sst2/dev.tsv
   python -m experiments.bert --mode=evaluate --workdir=/tmp/sst2 \
       --config=experiments/configs/sst2_minilm.py --config.data.test=../shared/data/sst2/dev.tsv
-  # the top-k tokens for each [MASK], from a pretraining workdir or an HF BERT directory
+  # the top-k tokens for each [MASK], from a pretraining workdir or an HF encoder folder
   echo "the cat sat on the [MASK]." | python -m experiments.bert --mode=fill_mask --workdir=/tmp/bp
   echo "paris is the [MASK] of france." | python -m experiments.bert --mode=fill_mask \
       --hf_dir=/path/to/bert-base-uncased --top_k=5
@@ -45,6 +45,7 @@ from ml_collections import config_flags
 
 from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import prepare_workdir
+from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.workflows import bert
@@ -62,7 +63,9 @@ _INPUT = flags.DEFINE_string(
 _OUTPUT = flags.DEFINE_string('output', '-', 'predict/fill_mask: output file, - for stdout.')
 _FORMAT = flags.DEFINE_enum('format', 'text', ['text', 'jsonl'],
                             'predict/fill_mask output: text, or JSON lines with every score.')
-_HF_DIR = flags.DEFINE_string('hf_dir', '', 'fill_mask: an HF BERT directory instead of a workdir.')
+_HF_DIR = flags.DEFINE_string(
+    'hf_dir', '', 'fill_mask: a Hugging Face masked-LM folder (model_type '
+    f'{" / ".join(families.names(families.ENCODER))}) instead of a workdir.')
 _TOP_K = flags.DEFINE_integer('top_k', 5, 'fill_mask: tokens listed per [MASK].')
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'predict/evaluate/fill_mask: rows per batch.')
 
@@ -116,13 +119,16 @@ def fill_mask(workdir: str) -> None:
   results = bert_use.fill_mask(model, params, tokenizer, lines, top_k=_TOP_K.value,
                                batch_size=_BATCH.value)
   token = getattr(tokenizer, 'id_to_token', None) or (lambda i: tokenizer.decode([i]))
+  # Ids are printed in the tokenizer files' own numbering (RoBERTa's differs from the model's:
+  # data/roberta_tokenizer.py), the ids transformers gives for the same folder.
+  to_hf = getattr(tokenizer, 'to_hf', None) or (lambda ids: ids)
   out = []
   for line, masks in zip(lines, results):
     if _FORMAT.value == 'jsonl':
       out.append(
           json.dumps({
               'text':
-                  line, 'masks': [[{'token': token(i), 'id': i, 'probability': p}
+                  line, 'masks': [[{'token': token(i), 'id': int(to_hf([i])[0]), 'probability': p}
                                    for i, p in mask]
                                   for mask in masks]
           }))

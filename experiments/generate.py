@@ -7,9 +7,10 @@ r"""Sample text from a trained language-model workdir, or from an imported Huggi
 
 --workdir: a workdir trained by experiments.lm; loads its config, tokenizer and latest checkpoint.
 --hf_dir: a Hugging Face causal LM folder (config.json, model.safetensors and the tokenizer files:
-tokenizer.json, or GPT-2's vocab.json + merges.txt, or tokenizer.model), GPT-2 or LLaMA by
-config.json's model_type; its weights are imported (transformer_jax.convert.families) and its
-tokenizer read with transformer_jax.data.hf_tokenizer. Pass exactly one of the two.
+tokenizer.json, or GPT-2's vocab.json + merges.txt, or tokenizer.model) of any causal family of
+the registry (the --hf_dir flag's help lists them), by config.json's model_type; its weights are
+imported (transformer_jax.convert.families) and its tokenizer read with
+transformer_jax.data.hf_tokenizer. Pass exactly one of the two.
 
 Prints prompt + continuation on stdout (logs go to stderr); a continuation stops at the model's
 EOS. A single prompt and sample is streamed: each token is printed (and flushed) as soon as it is
@@ -52,12 +53,13 @@ from absl import app, flags
 
 from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import load_saved_config
+from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A workdir trained by experiments.lm.')
 _HF_DIR = flags.DEFINE_string(
-    'hf_dir', None, 'A Hugging Face causal LM folder (GPT-2 or LLaMA): config.json, weights '
-    'and tokenizer files.')
+    'hf_dir', None, 'A Hugging Face causal LM folder (model_type '
+    f'{" / ".join(families.names(families.CAUSAL_LM))}): config.json, weights and tokenizer files.')
 _PROMPT = flags.DEFINE_string('prompt', '\n', 'Text to continue.')
 _MAX_NEW = flags.DEFINE_integer('max_new_tokens', 500, 'Tokens to generate.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.8, 'Softmax temperature; 0 = greedy.')

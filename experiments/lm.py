@@ -19,7 +19,7 @@ The last stdout line is one JSON object: loss (mean next-token NLL, nats), perpl
 (exp(loss)), bits_per_character (character models; the first character is context only) or
 bits_per_byte (subword models, over the file's UTF-8 bytes: every token is predicted, the first
 after the token documents start with), and the counts. The workdir (or --hf_dir, a Hugging Face
-GPT-2 or LLaMA folder) is only read.
+folder of any causal family of the registry: the flag's help lists them) is only read.
 """
 
 from transformer_jax.cli import process
@@ -32,6 +32,7 @@ from ml_collections import config_flags
 
 from transformer_jax.cli import entrypoint
 from transformer_jax.cli.workdir import prepare_workdir
+from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError
 from transformer_jax.workflows import lm
 
@@ -41,8 +42,8 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, tokenizer, logs.')
 _HF_DIR = flags.DEFINE_string(
-    'hf_dir', None, 'evaluate: a Hugging Face GPT-2 or LLaMA folder '
-    'instead of --workdir.')
+    'hf_dir', None, 'evaluate: a Hugging Face causal LM folder (model_type '
+    f'{" / ".join(families.names(families.CAUSAL_LM))}) instead of --workdir.')
 _INPUT = flags.DEFINE_string('input', None, 'evaluate: the UTF-8 text file to score.')
 _STRIDE = flags.DEFINE_integer(
     'stride', None, 'evaluate: tokens the window moves by; default '

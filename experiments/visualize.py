@@ -68,9 +68,9 @@ def bert_attention(config, workdir: str, text: str):
 def model_attention(config, workdir: str, text: str, target: str | None):
   """(maps, title, description) for the workdir's model reading `text`."""
   from transformer_jax.visualize import attention_maps
-  from transformer_jax.workflows import experiments
-  kind = experiments.of_config(config).name
-  if kind == experiments.TRANSLATION:
+  from transformer_jax.workflows import experiment_kinds
+  kind = experiment_kinds.of_config(config).name
+  if kind == experiment_kinds.TRANSLATION:
     from transformer_jax.workflows import translation
     model = translation.restore_for_inference(config, workdir)
     task, params = model.task, model.params
@@ -83,7 +83,7 @@ def model_attention(config, workdir: str, text: str, target: str | None):
   if target is not None:
     raise ConfigError(f'--target is for translation workdirs, not this {kind} one: pass '
                       'only --text')
-  if kind == experiments.LM:
+  if kind == experiment_kinds.LM:
     from transformer_jax.workflows import lm
     model = lm.restore_for_inference(config, workdir)
     return (attention_maps.lm_attention(model.task.model, model.params, model.tokenizer,

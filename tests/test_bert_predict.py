@@ -189,6 +189,27 @@ def test_wrong_workdirs_are_one_line_and_write_nothing(finetuned, tmp_path):
   assert not (tmp_path / 'missing').exists()
 
 
+def assert_fills_equal(result, lines, fill, mask: str, name: str) -> list[dict]:
+  """The objects `experiments.bert --mode=fill_mask --format=jsonl` printed (`result`: its
+  CompletedProcess) for `lines`, after checking them against transformers' pipeline `fill`: the
+  same top-k ids and token texts at every `mask`, probabilities within 1e-4."""
+  assert result.returncode == 0, result.stderr[-3000:]
+  ours = [json.loads(line) for line in result.stdout.splitlines()]
+  assert [o['text'] for o in ours] == lines
+  worst = 0.0
+  for line, row in zip(lines, ours):
+    theirs = fill(line)
+    theirs = [theirs] if line.count(mask) == 1 else theirs
+    assert len(row['masks']) == len(theirs) == line.count(mask)
+    for found, reference in zip(row['masks'], theirs):
+      assert [m['id'] for m in found] == [r['token'] for r in reference]
+      assert [m['token'] for m in found] == [r['token_str'] for r in reference]
+      worst = max(worst, max(abs(m['probability'] - r['score']) for m, r in zip(found, reference)))
+  print(f'{name} fill-mask max |score difference| {worst:.2e}')
+  assert worst <= 1e-4
+  return ours
+
+
 @pytest.mark.parity
 def test_fill_mask_matches_transformers_pipeline(tmp_path):
   torch = pytest.importorskip('torch')
@@ -215,20 +236,7 @@ def test_fill_mask_matches_transformers_pipeline(tmp_path):
   ]
   result = _cli('--mode=fill_mask', f'--hf_dir={tmp_path}', '--format=jsonl',
                 stdin='\n'.join(lines) + '\n')
-  assert result.returncode == 0, result.stderr[-3000:]
-  ours = [json.loads(line) for line in result.stdout.splitlines()]
-  assert [o['text'] for o in ours] == lines
-  worst = 0.0
-  for line, row in zip(lines, ours):
-    theirs = fill(line)
-    theirs = [theirs] if line.count('[MASK]') == 1 else theirs
-    assert len(row['masks']) == len(theirs) == line.count('[MASK]')
-    for mask, reference in zip(row['masks'], theirs):
-      assert [m['id'] for m in mask] == [r['token'] for r in reference]
-      assert [m['token'] for m in mask] == [r['token_str'] for r in reference]
-      worst = max(worst, max(abs(m['probability'] - r['score']) for m, r in zip(mask, reference)))
-  print(f'fill-mask max |score difference| {worst:.2e}')
-  assert worst <= 1e-4
+  ours = assert_fills_equal(result, lines, fill, '[MASK]', 'bert')
   # The scores are not flat (a random-looking but peaked distribution), so the ids mean something.
   assert ours[0]['masks'][0][0]['probability'] > 2 / config.vocab_size
 

@@ -1,18 +1,21 @@
 """The registry of Hugging Face families (convert/families.py) is the one place that names them.
 
-Every module that picks a family (import, export, `generate --hf_dir`, BERT and T5 fine-tuning)
-looks it up there; a family's name as a string anywhere else in the library would be a second,
-silent dispatch that a new family does not reach.
+Every module that picks a family (import, export, `generate --hf_dir`, fill-mask, BERT and T5
+fine-tuning) looks it up there; a family's name as a string, or an import of a family's converter
+module, anywhere else in the library would be a second, silent dispatch that a new family does
+not reach. Both are checked over the whole source, imports inside functions included.
 """
 
 import ast
 import json
 import os
 import pathlib
+from types import ModuleType
 
 import pytest
 
 from conftest import REPO_ROOT
+from test_import_layers import absolute_imports
 from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError, DataError
 
@@ -38,6 +41,52 @@ def test_no_module_but_the_registry_and_the_families_own_names_a_family():
       if isinstance(node, ast.Constant) and node.value in names:
         found.append(f'{relative}:{node.lineno}: {node.value!r}')
   assert not found, 'family names outside convert/families.py:\n' + '\n'.join(found)
+
+
+CONVERTERS = {f.module for f in families.FAMILIES}
+
+
+def converter_imports(path: pathlib.Path) -> list[str]:
+  """'line: module[.name]' for each import in `path` that reaches a family's converter module:
+  the module itself, or a name the convert package re-exports from one."""
+  import transformer_jax.convert as package
+  found = []
+  for line, module, names in absolute_imports(path):
+    if module in CONVERTERS or any(module.startswith(c + '.') for c in CONVERTERS):
+      found.append(f'{line}: {module}')
+    elif module == package.__name__:
+      for name in names:
+        value = getattr(package, name, None)
+        origin = f'{package.__name__}.{name}' if isinstance(value, ModuleType) else getattr(
+            value, '__module__', '')
+        if origin in CONVERTERS:
+          found.append(f'{line}: {module}.{name}')
+  return found
+
+
+def test_outside_convert_no_module_imports_a_family_converter():
+  found = []
+  for path in library_files():
+    relative = path.relative_to(REPO_ROOT).as_posix()
+    if not relative.startswith('transformer_jax/convert/'):
+      found += [f'{relative}:{hit}' for hit in converter_imports(path)]
+  assert not found, ('imports of a family converter outside convert/ (ask '
+                     'convert.families instead):\n' + '\n'.join(found))
+
+
+def test_the_converter_import_check_finds_every_spelling(tmp_path):
+  source = tmp_path / 'module.py'
+  source.write_text('import os\n'
+                    'from transformer_jax.convert import families, write_hf_directory\n'
+                    'def f():\n'
+                    '  from transformer_jax.convert import hf_bert\n'
+                    '  from transformer_jax.convert.hf_t5 import load\n'
+                    '  import transformer_jax.convert.hf_gpt2\n'
+                    '  from transformer_jax.convert import bert_config_to_hf\n')
+  assert converter_imports(source) == [
+      '4: transformer_jax.convert.hf_bert', '5: transformer_jax.convert.hf_t5',
+      '6: transformer_jax.convert.hf_gpt2', '7: transformer_jax.convert.bert_config_to_hf'
+  ]
 
 
 def test_every_family_module_has_the_converter_interface():

@@ -283,10 +283,11 @@ def test_export_refuses_what_albert_cannot_express(pretraining):
                                                            mlm=False, sentence_classes=2)
 
 
-def test_albert_directory_as_bert_init_is_one_error_line_and_writes_nothing(
+def test_albert_directory_without_tokenizer_as_init_is_one_error_line_and_writes_nothing(
     pretraining, translate_cli, tmp_path):
-  """The command line: fine-tuning BERT from an ALBERT directory stops with one line naming it,
-  exit status 1, and nothing in the workdir."""
+  """The command line: fine-tuning from an ALBERT directory that holds no tokenizer.json (model
+  files only) stops with one line saying so, exit status 1, and nothing in the workdir.
+  tests/test_hf_encoder_uses.py fine-tunes from one that has it."""
   _, albert_dir = pretraining
   sst2 = tmp_path / 'sst2'
   sst2.mkdir()
@@ -301,6 +302,7 @@ def test_albert_directory_as_bert_init_is_one_error_line_and_writes_nothing(
                           check=False)
   errors = translate_cli.error_lines(result.stderr)
   assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
-  assert "model_type='albert'" in errors[0] and 'Traceback' not in result.stderr
+  assert 'has no tokenizer this albert import reads' in errors[0]
+  assert 'Traceback' not in result.stderr
   # The workdir is made (and proven writable) first; nothing was written into it.
   assert not workdir.exists() or not any(workdir.iterdir())

@@ -54,21 +54,27 @@ def _perturbed(model):
 @pytest.fixture(scope='module')
 def tokenizer_dir(tmp_path_factory):
   """A byte-level BPE (RoBERTa's special tokens first) saved by RobertaTokenizerFast."""
+  directory = tmp_path_factory.mktemp('roberta_tokenizer')
+  roberta_tokenizer(CORPUS, 330,
+                    tmp_path_factory.mktemp('bpe_files')).save_pretrained(str(directory))
+  return str(directory)
+
+
+def roberta_tokenizer(corpus, vocab_size: int, scratch):
+  """transformers' RobertaTokenizerFast over a byte-level BPE learned from `corpus`, RoBERTa's
+  special tokens first (<pad> = 1); `scratch`: a folder for the BPE files."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   backend = Tokenizer(models.BPE())
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   backend.decoder = decoders.ByteLevel()
   backend.train_from_iterator(
-      CORPUS,
-      trainers.BpeTrainer(vocab_size=330,
+      corpus,
+      trainers.BpeTrainer(vocab_size=vocab_size,
                           special_tokens=['<s>', '<pad>', '</s>', '<unk>', '<mask>'],
                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                           show_progress=False))
-  files = tmp_path_factory.mktemp('bpe_files')
-  backend.model.save(str(files))
-  directory = tmp_path_factory.mktemp('roberta_tokenizer')
-  transformers.RobertaTokenizerFast.from_pretrained(str(files)).save_pretrained(str(directory))
-  return str(directory)
+  backend.model.save(str(scratch))
+  return transformers.RobertaTokenizerFast.from_pretrained(str(scratch))
 
 
 def _save_model(model, tokenizer_dir, directory):

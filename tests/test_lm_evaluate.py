@@ -224,32 +224,48 @@ def test_evaluate_errors_are_one_line_and_write_nothing(char_lm, tmp_path):
     lm.evaluate_file(task, params, tokenizer, path, 0)
 
 
-# -- an imported Hugging Face GPT-2 ---------------------------------------------------------------
+# -- an imported Hugging Face causal LM of every family -------------------------------------------
 
 BPE_TEXT = ('A café in Zürich serves crème brûlée — naïve visitors pay €4. ' * 3 +
             'The quick brown fox jumps over the lazy dog. ' * 6)
 
 
+def _hf_causal_lm(transformers, family: str, eos_id: int):
+  """A small random causal LM of `family` with a 24-token context and 300 ids."""
+  common = dict(vocab_size=300, bos_token_id=eos_id, eos_token_id=eos_id)
+  if family == 'gpt2':
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=24, **common))
+  if family == 'llama':
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=64,
+                                 max_position_embeddings=24, **common))
+  return transformers.OPTForCausalLM(
+      transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
+                             max_position_embeddings=24, dropout=0.0, attention_dropout=0.0,
+                             pad_token_id=299, **common))
+
+
 @pytest.mark.parity
-def test_hf_gpt2_bits_per_byte_matches_transformers_logits(tmp_path):
+@pytest.mark.parametrize('family', ['gpt2', 'llama', 'opt'])
+def test_hf_bits_per_byte_matches_transformers_logits(family, tmp_path):
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
   from transformer_jax.data.hf_tokenizer import HFTokenizer
   from transformer_jax.workflows import lm
   tokenizer = HFTokenizer.train_byte_level_bpe(BPE_TEXT.split('. '), 300)
   torch.manual_seed(0)
-  model = transformers.GPT2LMHeadModel(
-      transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=300,
-                              bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id))
+  model = _hf_causal_lm(transformers, family, tokenizer.eos_id)
   with torch.no_grad():  # a random model's logits are near-uniform: make them vary
     for p in model.parameters():
       p.add_(0.1 * torch.randn_like(p))
-  model.eval().save_pretrained(str(tmp_path / 'gpt2'), safe_serialization=True)
-  tokenizer.save(str(tmp_path / 'gpt2'))
+  model.eval().save_pretrained(str(tmp_path / family), safe_serialization=True)
+  tokenizer.save(str(tmp_path / family))
   text_path = tmp_path / 'text.txt'
   text_path.write_text(BPE_TEXT, encoding='utf-8')
 
-  task, loaded, params = lm.load_hf_model(str(tmp_path / 'gpt2'))
+  task, loaded, params = lm.load_hf_model(str(tmp_path / family))
   tokens = [tokenizer.eos_id] + tokenizer.encode(BPE_TEXT)  # every text token is predicted
   assert len(tokens) > 3 * 24  # several windows
 
@@ -265,8 +281,8 @@ def test_hf_gpt2_bits_per_byte_matches_transformers_logits(tmp_path):
     assert result['tokens'] == count and result['bytes'] == num_bytes
     assert result['loss'] == pytest.approx(nll / count, rel=1e-5)
     assert result['bits_per_byte'] == pytest.approx(nll / math.log(2) / num_bytes, rel=1e-5)
-    print(f'gpt2 stride {stride}: ours {result["loss"]:.7f} transformers {nll / count:.7f}')
-  cli = _cli('experiments.lm', '--mode=evaluate', f'--hf_dir={tmp_path / "gpt2"}',
+    print(f'{family} stride {stride}: ours {result["loss"]:.7f} transformers {nll / count:.7f}')
+  cli = _cli('experiments.lm', '--mode=evaluate', f'--hf_dir={tmp_path / family}',
              f'--input={text_path}', '--stride=12')
   assert cli.returncode == 0, cli.stderr[-3000:]
   printed = json.loads(cli.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ import pytest
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.planning import collectives, compile as planning, targets
-from transformer_jax.workflows import experiments
+from transformer_jax.workflows import experiment_kinds
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -302,7 +302,7 @@ def test_abstract_task_reads_nothing(family):
   for key, value in overrides.items():
     section, leaf = key.split('.')
     config[section][leaf] = value
-  experiment = experiments.of_config(config)
+  experiment = experiment_kinds.of_config(config)
   assert experiment.workflow_name == family
   task, batch = experiment.abstract_task(config, num_devices=4)
   assert task.cfg.emb_dim == 64 and batch['inputs'].dtype == 'int32'
@@ -319,7 +319,7 @@ def test_fine_tuning_is_planned_from_the_checkpoint_config_alone(tmp_path):
                intermediate_size=256, num_hidden_layers=2, max_position_embeddings=128)))
   config = finetune_config()
   config.init.hf_dir = str(tmp_path)
-  task, batch = experiments.of_config(config).abstract_task(config)
+  task, batch = experiment_kinds.of_config(config).abstract_task(config)
   assert task.cfg.emb_dim == 64 and task.cfg.vocab_size == 1000
   assert batch['inputs'].shape == (32, 64) and batch['labels'].shape == (32,)
 
@@ -488,7 +488,7 @@ def tiny_lm_task():
   for key, value in overrides.items():
     section, leaf = key.split('.')
     config[section][leaf] = value
-  return experiments.of_config(config).abstract_task(config)[0]
+  return experiment_kinds.of_config(config).abstract_task(config)[0]
 
 
 def placed(cache, shardings):

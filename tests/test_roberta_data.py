@@ -156,6 +156,24 @@ TINY = {
 }
 
 
+def tiny_sst2_finetune(hf_dir, data_dir, steps: int):
+  """sst2_minilm.py fine-tuning `steps` steps from `hf_dir` on a keyword task written to
+  `data_dir` (train.tsv = dev.tsv, 32 rows)."""
+  from experiments.configs import sst2_minilm
+  data_dir.mkdir()
+  rows = [(1, 'a great and lovely film'), (0, 'a dull and boring mess')] * 16
+  for split in ('train', 'dev'):
+    (data_dir / f'{split}.tsv').write_text('label\tsentence\n' +
+                                           ''.join(f'{y}\t{s}\n' for y, s in rows))
+  return _config(
+      sst2_minilm, {
+          'init.hf_dir': str(hf_dir), 'data.dir': str(data_dir), 'data.batch_size': 8,
+          'data.max_len': 16, 'train.num_steps': steps, 'train.eval_every': steps,
+          'train.checkpoint_every': steps, 'train.log_every': steps // 2, 'optimizer.warmup_steps':
+              1
+      })
+
+
 def _config(module, values):
   config = module.get_config()
   for key, value in values.items():
@@ -180,7 +198,7 @@ def _write_text(tmp_path):
 
 @pytest.mark.slow
 def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path):
-  from experiments.configs import roberta_pretrain_small, sst2_minilm
+  from experiments.configs import roberta_pretrain_small
   from transformer_jax.convert import hf_bert
   from transformer_jax.workflows import bert
   config = _config(roberta_pretrain_small, dict(TINY, **{'data.paths': _write_text(tmp_path)}))
@@ -206,18 +224,7 @@ def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path)
       json.dumps(hf_roberta.roberta_config_to_hf(cfg, **heads, **tokenizer.hf_special_ids)))
   save_file(hf_roberta.export_roberta_state_dict(cfg, params), str(hf_dir / 'model.safetensors'))
   tokenizer.save(str(hf_dir))
-  sst2 = tmp_path / 'sst2'
-  sst2.mkdir()
-  rows = [(1, 'a great and lovely film'), (0, 'a dull and boring mess')] * 16
-  for split in ('train', 'dev'):
-    (sst2 / f'{split}.tsv').write_text('label\tsentence\n' +
-                                       ''.join(f'{y}\t{s}\n' for y, s in rows))
-  fine = _config(
-      sst2_minilm, {
-          'init.hf_dir': str(hf_dir), 'data.dir': str(sst2), 'data.batch_size': 8,
-          'data.max_len': 16, 'train.num_steps': 6, 'train.eval_every': 6,
-          'train.checkpoint_every': 6, 'train.log_every': 3, 'optimizer.warmup_steps': 1
-      })
+  fine = tiny_sst2_finetune(hf_dir, tmp_path / 'sst2', steps=6)
   cfg2, loaded, tokenizer2, types = bert.load_init(fine)  # what fine-tuning starts from
   assert types == 1 and isinstance(tokenizer2, RobertaTokenizer)
   same = dict(dropout_rate=0.0, attention_dropout_rate=0.0, dtype=cfg.dtype)  # fine-tuning's
@@ -231,18 +238,14 @@ def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path)
 
 
 def test_hf_dir_families_for_finetuning(tmp_path):
-  from experiments.configs import sst2_minilm
   from transformer_jax.workflows import bert
   for model_type in ('albert', 'gpt2', 'roberta'):
     (tmp_path / model_type).mkdir()
     (tmp_path / model_type / 'config.json').write_text(json.dumps({'model_type': model_type}))
   assert bert.hf_family(str(tmp_path / 'roberta')).name == 'roberta'
-  config = _config(sst2_minilm, {'init.hf_dir': str(tmp_path / 'albert')})
-  with pytest.raises(ConfigError) as info:
-    bert.load_init(config)
-  assert '\n' not in str(info.value) and 'ALBERT fine-tuning starts from a pretraining workdir' \
-      in str(info.value) and 'init.bert_workdir' in str(info.value)
-  with pytest.raises(ConfigError, match="model_type='gpt2'; fine-tuning starts from bert, roberta"):
+  assert bert.hf_family(str(tmp_path / 'albert')).name == 'albert'
+  with pytest.raises(ConfigError,
+                     match="model_type='gpt2'; fine-tuning starts from bert, albert, roberta"):
     bert.hf_family(str(tmp_path / 'gpt2'))
   with pytest.raises(ConfigError, match='init.hf_dir: .*config.json does not exist'):
     bert.hf_family(str(tmp_path / 'missing'))

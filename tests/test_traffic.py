@@ -11,7 +11,7 @@ from transformer_jax.parallel import sharding
 from transformer_jax.planning import traffic
 from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.train_step import build_train_step
-from transformer_jax.workflows import experiments
+from transformer_jax.workflows import experiment_kinds
 
 
 def compiled_cpu_step(scan_layers: bool):
@@ -20,7 +20,7 @@ def compiled_cpu_step(scan_layers: bool):
                          scan_layers=scan_layers, attention_implementation='xla').items():
     config.model[key] = value
   config.data.block_size, config.data.batch_size = 64, 8
-  task, shapes = experiments.of_config(config).abstract_task(config, num_devices=1)
+  task, shapes = experiment_kinds.of_config(config).abstract_task(config, num_devices=1)
   mesh = sharding.make_mesh({'data': 1}, devices=jax.devices('cpu')[:1])
   step = build_train_step(task, make_optimizer(config.optimizer)[0], mesh, seed=0)
   batch = {

@@ -18,7 +18,7 @@ def _bert_adamw(config, *, learning_rate: float, warmup_steps: int, decay_steps:
 def pretrain_config() -> ml_collections.ConfigDict:
   """BERT pretraining: Post-LN encoder, exact GELU, LayerNorm eps 1e-12, learned positions."""
   config = base_config()
-  # Trained by experiments.bert (transformer_jax/workflows/experiments.py).
+  # Trained by experiments.bert (transformer_jax/workflows/experiment_kinds.py).
   config.experiment = 'encoder'
   config.mode = 'pretrain'
   config.data = ml_collections.ConfigDict()
@@ -80,7 +80,7 @@ def pretrain_config() -> ml_collections.ConfigDict:
 def finetune_config() -> ml_collections.ConfigDict:
   """Sentence (or sentence-pair) classification from a pretrained BERT (GLUE-style recipe)."""
   config = base_config()
-  # Trained by experiments.bert (transformer_jax/workflows/experiments.py).
+  # Trained by experiments.bert (transformer_jax/workflows/experiment_kinds.py).
   config.experiment = 'encoder'
   config.mode = 'finetune'
   config.init = ml_collections.ConfigDict()

@@ -2,7 +2,7 @@
 
   experiment ('lm', 'translation' or 'encoder': which workflow trains the config and what the
   planner and export make of it; set by {lm,translate,bert}_common.py,
-  transformer_jax/workflows/experiments.py),
+  transformer_jax/workflows/experiment_kinds.py),
   seed, mesh.{data,fsdp,tensor}, train.{num_steps, log_every, eval_every, checkpoint_every,
   keep_checkpoints, max_minutes, max_nonfinite, eval_max_batches, accumulation_steps,
   elastic_accumulation, record_batches, profile_steps},

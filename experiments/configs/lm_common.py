@@ -8,7 +8,8 @@ from transformer_jax.models.gpt import GPT2_ARCHITECTURE
 
 def lm_config() -> ml_collections.ConfigDict:
   config = base_config()
-  config.experiment = 'lm'  # trained by experiments.lm (transformer_jax/workflows/experiments.py)
+  # Trained by experiments.lm (transformer_jax/workflows/experiment_kinds.py).
+  config.experiment = 'lm'
   config.data = ml_collections.ConfigDict()
   config.data.source = 'file'  # 'file' (one text file), 'tfds' or 'prepared'
   config.data.path = ''  # for 'file': a UTF-8 text file

@@ -7,8 +7,8 @@ from experiments.configs.common import base_config
 
 def translate_config() -> ml_collections.ConfigDict:
   config = base_config()
-  # Trained by experiments.translate (transformer_jax/workflows/experiments.py); span corruption
-  # and text-to-text fine-tuning too.
+  # Trained by experiments.translate (transformer_jax/workflows/experiment_kinds.py); span
+  # corruption and text-to-text fine-tuning too.
   config.experiment = 'translation'
   config.data = ml_collections.ConfigDict()
   config.data.source = 'files'  # 'files' (parallel text), 'tfds', or 'numbers' (embedded)

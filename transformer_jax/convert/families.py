@@ -73,7 +73,7 @@ FAMILIES = (
     Family('llama', CAUSAL_LM, 'transformer_jax.convert.hf_llama', ('llama',)),
     Family('opt', CAUSAL_LM, 'transformer_jax.convert.hf_opt', ('opt',)),
     Family('bert', ENCODER, 'transformer_jax.convert.hf_bert', ('bert',), tokenizer=True),
-    Family('albert', ENCODER, 'transformer_jax.convert.hf_albert', ('albert',)),
+    Family('albert', ENCODER, 'transformer_jax.convert.hf_albert', ('albert',), tokenizer=True),
     Family('roberta', ENCODER, 'transformer_jax.convert.hf_roberta', ('roberta',), byte_level=True,
            tokenizer=True),
     Family('t5', ENCODER_DECODER, 'transformer_jax.convert.hf_t5', ('t5',)),

@@ -1,7 +1,7 @@
 """Hugging Face ALBERT checkpoints <-> `Bert` config and params (ALBERT switches on).
 
     # a directory with config.json and model.safetensors (or pytorch_model.bin)
-    model = hf_albert.load('/path/to/albert')    # an HFModel: config, params, heads
+    model = hf_albert.load('/path/to/albert')    # an HFModel: config, params, tokenizer, heads
     out = Bert(model.config, **model.heads).apply({'params': model.params}, tokens)
     # and back (heads: the `Bert` attributes the params were trained with, hf_bert.bert_heads)
     hf_config, state = albert_config_to_hf(cfg, **heads), export_albert_state_dict(cfg, params)
@@ -14,12 +14,14 @@ pooler) and the heads of `AlbertForPreTraining` (MLM + SOP), `AlbertForMaskedLM`
 pooler) and `AlbertForSequenceClassification` ('albert.'-prefixed names). HF's `nn.Linear`
 weights are [out, in]: transposed to our [in, out] kernels, the attention projections' head axis
 unflattened. Only num_hidden_groups = inner_group_num = 1 (every released ALBERT) has a `Bert`
-equivalent; other layouts are refused. The tokenizer (SentencePiece spiece.model) is not read.
+equivalent; other layouts are refused. The tokenizer is read from tokenizer.json
+(data/albert_tokenizer.py); a folder with only the older spiece.model is imported without one.
 
 Export writes the HF class that holds exactly the params' heads (`albert_architecture`);
 import(export(params)) == params bit for bit.
 """
 
+import os
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,6 +35,8 @@ from transformer_jax.convert.hf_bert import (CONFIG_KEYS, EncoderNames, bare_nam
                                              export_encoder_state, factorised)
 from transformer_jax.convert.hf_files import HFModel, read_hf_config, read_state_dict
 from transformer_jax.convert.name_table import Table, params_from_table
+from transformer_jax.data.albert_tokenizer import AlbertTokenizer
+from transformer_jax.data.hf_tokenizer import TOKENIZER_JSON
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models.bert import albert_config
@@ -107,8 +111,8 @@ def convert_albert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
 
 
 def load(directory: str, **overrides) -> HFModel:
-  """The HF ALBERT folder `directory` (families.py's converter interface; the SentencePiece
-  tokenizer is the caller's to load)."""
+  """The HF ALBERT folder `directory` with its tokenizer when it holds a tokenizer.json (None
+  otherwise: fill-mask and fine-tuning then refuse it) (families.py's converter interface)."""
   hf_config = read_hf_config(directory, 'config.json and model.safetensors')
   cfg, type_vocab_size = albert_config_from_hf(hf_config, **overrides)
   _check_albert_expressible(cfg)  # before the weights are read
@@ -119,7 +123,13 @@ def load(directory: str, **overrides) -> HFModel:
       'imported ALBERT from %s: %d applications of one shared layer, %d heads, width %d, '
       'embedding width %d, vocab %d, heads %s', directory, cfg.num_encoder_layers, cfg.num_heads,
       cfg.emb_dim, cfg.embedding_size, cfg.vocab_size, heads)
-  return HFModel(cfg, params, heads=dict(heads, type_vocab_size=type_vocab_size))
+  tokenizer = None
+  if os.path.isfile(os.path.join(directory, TOKENIZER_JSON)):
+    tokenizer = AlbertTokenizer.from_dir(directory)
+    if tokenizer.vocab_size > cfg.vocab_size:
+      raise ConfigError(f'{directory}: the tokenizer has {tokenizer.vocab_size} tokens but '
+                        f'config.json says vocab_size={cfg.vocab_size}')
+  return HFModel(cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size))
 
 
 # -- export -------------------------------------------------------------------------------------

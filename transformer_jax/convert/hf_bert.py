@@ -19,7 +19,6 @@ MLM + NSP/SOP -> `BertForPreTraining`, MLM alone -> `BertForMaskedLM`, a classif
 """
 
 import dataclasses
-import json
 import os
 import re
 from typing import Any, Mapping
@@ -34,7 +33,8 @@ from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder
                                                 params_from_table, state_from_table, strip_prefix)
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.models.bert import bert_config
+from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
+from transformer_jax.models.bert import bert_config, bert_heads  # bert_heads: re-exported
 
 # HF 'gelu' is the exact erf form; the *_new/_fast/_pytorch_tanh names are the tanh approximation.
 ACTIVATIONS = {
@@ -223,32 +223,10 @@ def load(directory: str, **overrides) -> HFModel:
   return HFModel(cfg, params, tokenizer, dict(heads, type_vocab_size=type_vocab_size))
 
 
-def tokenizer_lowercase(directory: str) -> bool:
-  """tokenizer_config.json's do_lower_case (BERT's uncased checkpoints); default True."""
-  path = os.path.join(directory, 'tokenizer_config.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      return bool(json.load(f).get('do_lower_case', True))
-  return True
-
-
 # -- export -------------------------------------------------------------------------------------
 
 # Our activation names -> HF's (the inverse of ACTIVATIONS; HF's 'gelu' is the exact erf form).
 HF_ACTIVATIONS = {'gelu_exact': 'gelu', 'gelu': 'gelu_new', 'relu': 'relu', 'silu': 'silu'}
-
-
-def bert_heads(params) -> dict:
-  """The `Bert` attributes {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'} that
-  `params` were built with (what `load` gives as `HFModel.heads`)."""
-  shape = lambda name, axis: int(np.shape(params[name]['kernel'])[axis]) if name in params else 0
-  if 'segment_embedding' not in params:
-    raise ConfigError('params lack segment_embedding: not the parameters of a Bert model')
-  return {
-      'type_vocab_size': int(np.shape(params['segment_embedding'])[0]),
-      'mlm': 'mlm_transform' in params, 'sentence_classes': shape('sentence_head', 1),
-      'num_labels': shape('classifier', 1)
-  }
 
 
 def bert_architecture(mlm: bool = True, sentence_classes: int = 2, num_labels: int = 0) -> str:

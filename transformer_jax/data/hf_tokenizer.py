@@ -67,6 +67,14 @@ def special_token_names(directory: str, kinds) -> dict[str, str]:
   return names
 
 
+def tokenizer_lowercase(directory: str) -> bool:
+  """tokenizer_config.json's do_lower_case (BERT's uncased checkpoints); default True."""
+  path = os.path.join(directory, TOKENIZER_CONFIG)
+  if os.path.exists(path):
+    return bool(read_json_object(path).get('do_lower_case', True))
+  return True
+
+
 # -- backends: one interface over `tokenizers` and `sentencepiece` --------------------------------
 
 

@@ -100,19 +100,26 @@ class WordPieceTokenizer:
 
   def build_pair(self, a: list[int], b: list[int] | None,
                  max_len: int | None = None) -> tuple[list[int], list[int]]:
-    a, b = trim_pair(a, b, None if max_len is None else max_len - (3 if b is not None else 2))
-    ids = [self.cls_id] + a + [self.sep_id]
-    segments = [0] * len(ids)
-    if b is not None:
-      ids += b + [self.sep_id]
-      segments += [1] * (len(b) + 1)
-    return ids, segments
+    return bert_pair(self.cls_id, self.sep_id, a, b, max_len)
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._tokenizer.decode(list(ids))
 
   def id_to_token(self, i: int) -> str:
     return self._inverse.get(int(i), '[UNK]')
+
+
+def bert_pair(cls_id: int, sep_id: int, a: list[int], b: list[int] | None,
+              max_len: int | None = None) -> tuple[list[int], list[int]]:
+  """BERT's layout: ([CLS] a [SEP] (b [SEP]), segment ids 0 ... (1 ...)), the longer side
+  trimmed to fit `max_len`."""
+  a, b = trim_pair(a, b, None if max_len is None else max_len - (3 if b is not None else 2))
+  ids = [cls_id] + a + [sep_id]
+  segments = [0] * len(ids)
+  if b is not None:
+    ids += b + [sep_id]
+    segments += [1] * (len(b) + 1)
+  return ids, segments
 
 
 def trim_pair(a, b, budget: int | None) -> tuple[list[int], list[int] | None]:

@@ -82,6 +82,19 @@ def roberta_config(**overrides) -> TransformerConfig:
   return TransformerConfig(**{**ROBERTA_BASE, **ROBERTA_ARCHITECTURE, **overrides})
 
 
+def bert_heads(params) -> dict:
+  """The `Bert` attributes {'type_vocab_size', 'mlm', 'sentence_classes', 'num_labels'} that
+  `params` were built with (what a converter's `load` gives as `HFModel.heads`)."""
+  shape = lambda name, axis: int(jnp.shape(params[name]['kernel'])[axis]) if name in params else 0
+  if 'segment_embedding' not in params:
+    raise ConfigError('params lack segment_embedding: not the parameters of a Bert model')
+  return {
+      'type_vocab_size': int(jnp.shape(params['segment_embedding'])[0]),
+      'mlm': 'mlm_transform' in params, 'sentence_classes': shape('sentence_head', 1),
+      'num_labels': shape('classifier', 1)
+  }
+
+
 def _dense(cfg: TransformerConfig, features: int, axes, name: str) -> DenseGeneral:
   # BERT initialises every linear layer with N(0, 0.02), like its embeddings.
   return DenseGeneral((features,), axes, use_bias=True, dtype=cfg.dtype,

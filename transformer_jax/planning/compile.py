@@ -2,7 +2,7 @@
 
     plan(config, target) -> {bytes per device, FLOPs, collectives, predicted step time, MFU}
 
-1. The experiment of the config (`workflows/experiments.py`: a language model, translation or a
+1. The experiment of the config (`workflows/experiment_kinds.py`: a language model, translation or a
    BERT-family encoder) builds the task and the shapes of one global batch from the config alone
    (its workflow's `abstract_task`): no data, no tokenizer.
 2. The mesh of `config.mesh` is made over the compile-only devices of the target's topology
@@ -155,8 +155,8 @@ def plan(config, target: Target) -> dict:
   from transformer_jax.parallel import sharding
   from transformer_jax.training.optimizer import make_optimizer
   from transformer_jax.training.train_step import build_train_step
-  from transformer_jax.workflows import experiments
-  experiment = experiments.of_config(config)
+  from transformer_jax.workflows import experiment_kinds
+  experiment = experiment_kinds.of_config(config)
   mesh_axes = dict(zip(sharding.MESH_AXES, mesh_shape(config, target)))  # before the task:
   # translation sizes its batch by the mesh
   usable = int(target.chip.hbm_bytes * memory_fraction(target))
@@ -358,7 +358,7 @@ def _gib(n: float) -> str:
 def _fit_advice(experiment, config, model: ModelChoices, mesh_axes: dict,
                 activations_first: bool = False, target: Target | None = None) -> str:
   """What to change: the state's sharding first, or the activations' when they dominate; on a
-  GPU, a larger memory pool too. `experiment`: the config's (workflows/experiments.py), whose
+  GPU, a larger memory pool too. `experiment`: the config's (workflows/experiment_kinds.py), whose
   batch option is named."""
   batch_option = experiment.batch_option
   state = (f'shard the parameters and optimizer state over more chips (mesh.fsdp, now '

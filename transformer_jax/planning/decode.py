@@ -50,12 +50,13 @@ BATCH_AXES = ('data', 'fsdp')  # the mesh axes a batch's rows are split over (sh
 
 def check_request(config, batch: int, slots: int):
   """The experiment and the sizes asked for: one ConfigError line unless a language model's."""
-  from transformer_jax.workflows import experiments
-  experiment = experiments.of_config(config)
-  if experiment.name != experiments.LM:
-    raise ConfigError(f'--decode_batch and --decode_length plan the generation step of a '
-                      f"language model (config.experiment '{experiments.LM}'), but this config's "
-                      f"experiment is '{experiment.name}'; plan its train step without them")
+  from transformer_jax.workflows import experiment_kinds
+  experiment = experiment_kinds.of_config(config)
+  if experiment.name != experiment_kinds.LM:
+    raise ConfigError(
+        f'--decode_batch and --decode_length plan the generation step of a '
+        f"language model (config.experiment '{experiment_kinds.LM}'), but this config's "
+        f"experiment is '{experiment.name}'; plan its train step without them")
   for flag, value in (('--decode_batch', batch), ('--decode_length', slots)):
     if value < 1:
       raise ConfigError(f'{flag} must be a positive number, got {value}')

@@ -108,7 +108,11 @@ def load_init(config):
   run = FineTuning.of(config)
   init = run.init
   if init.hf_dir:
-    model = hf_family(init.hf_dir).load(init.hf_dir)
+    family = hf_family(init.hf_dir)
+    model = family.load(init.hf_dir)
+    if model.tokenizer is None:
+      raise ConfigError(f'init.hf_dir={init.hf_dir} has no tokenizer this {family.name} import '
+                        'reads: save it beside the model (tokenizer.save_pretrained(DIR))')
     return (with_overrides(model.config, run.model), model.params, model.tokenizer,
             model.heads['type_vocab_size'])
   if init.bert_workdir:
@@ -122,9 +126,10 @@ def load_init(config):
 
 def save_tokenizer(tokenizer, workdir: str) -> None:
   """The fine-tuning workdir's copy of its tokenizer: WORKDIR/vocab.txt (WordPiece) or
-  WORKDIR/tokenizer/ (RoBERTa's byte-level BPE, HF files)."""
+  WORKDIR/tokenizer/ (RoBERTa's byte-level BPE or ALBERT's SentencePiece, HF files)."""
+  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
   from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-  if isinstance(tokenizer, RobertaTokenizer):
+  if isinstance(tokenizer, (RobertaTokenizer, AlbertTokenizer)):
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
   else:
     tokenizer.save(os.path.join(workdir, VOCAB_FILE))
@@ -132,10 +137,14 @@ def save_tokenizer(tokenizer, workdir: str) -> None:
 
 def finetune_tokenizer(config, workdir: str):
   """The tokenizer a fine-tuning run saved in its workdir (`save_tokenizer`):
-  WORKDIR/tokenizer/ (RoBERTa) or WORKDIR/vocab.txt, lowercased as its starting model's."""
+  WORKDIR/tokenizer/ (RoBERTa's or ALBERT's, told apart by its tokenizer_config.json) or
+  WORKDIR/vocab.txt, lowercased as its starting model's."""
   directory = os.path.join(workdir, TOKENIZER_DIR)
   if os.path.isdir(directory):
+    from transformer_jax.data import albert_tokenizer
     from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+    if albert_tokenizer.is_saved_here(directory):
+      return albert_tokenizer.AlbertTokenizer.from_dir(directory)
     return RobertaTokenizer.from_dir(directory)
   from transformer_jax.data.wordpiece import WordPieceTokenizer
   path = os.path.join(workdir, VOCAB_FILE)
@@ -143,8 +152,8 @@ def finetune_tokenizer(config, workdir: str):
     raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
   init = FineTuning.of(config).init
   if init.hf_dir:
-    from transformer_jax.convert.hf_bert import tokenizer_lowercase
-    lowercase = tokenizer_lowercase(init.hf_dir)  # as hf_bert.load reads it
+    from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
+    lowercase = tokenizer_lowercase(init.hf_dir)  # as the WordPiece family's load reads it
   else:
     lowercase = Pretraining.of(load_saved_config(init.bert_workdir)).tokenizer.lowercase
   return WordPieceTokenizer.from_vocab(path, lowercase=lowercase)

@@ -7,7 +7,7 @@ wrong kind or without a checkpoint with one ConfigError line, writing nothing:
   evaluate   (`evaluate_file`): accuracy (F1 and Matthews correlation for two classes) on a
              labelled TSV; predictions written to WORKDIR/predictions.tsv.
   fill_mask  (`restore_mlm`, `fill_mask`): top-k tokens for each [MASK], from a pretraining
-             workdir or an imported HF BERT directory.
+             workdir or a Hugging Face folder of any encoder family (BERT, RoBERTa, ALBERT).
 """
 
 import os
@@ -18,7 +18,9 @@ import numpy as np
 from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
+from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError
+from transformer_jax.models.bert import Bert, bert_heads
 from transformer_jax.workflows import bert, bert_sections
 from transformer_jax.workflows.bert_finetuning import classification_data, classification_task
 
@@ -148,26 +150,27 @@ def evaluate_file(workdir: str, test_path: str, *, batch_size: int = 32) -> dict
 
 def restore_mlm(workdir: str = '', hf_dir: str = ''):
   """(model, params, tokenizer) with the MLM head: a pretraining workdir's latest checkpoint or
-  an imported HF BERT directory (`hf_bert.load`; it must hold the MLM head)."""
-  from transformer_jax.convert import hf_bert
-  from transformer_jax.convert.hf_bert import bert_heads
-  from transformer_jax.models.bert import Bert
+  a Hugging Face folder of any encoder family of the registry (convert/families.py) holding the
+  masked-LM head and its tokenizer."""
   if bool(workdir) == bool(hf_dir):
     raise ConfigError('fill_mask reads one model: --workdir=PRETRAINING_WORKDIR or --hf_dir=DIR')
   if hf_dir:
-    imported = hf_bert.load(hf_dir)
+    family = families.of_directory(hf_dir, families.ENCODER)
+    imported = family.load(hf_dir)
     cfg, params, tokenizer, heads = (imported.config, imported.params, imported.tokenizer,
                                      imported.heads)
     if not heads['mlm']:
-      raise ConfigError(f'{hf_dir} has no masked-LM head (cls.predictions.*): fill_mask needs a '
-                        'BertForMaskedLM or BertForPreTraining checkpoint')
+      raise ConfigError(f'{hf_dir} has no masked-LM head: fill_mask needs a {family.name} '
+                        'checkpoint saved with it (a *ForMaskedLM or *ForPreTraining class)')
+    if tokenizer is None:
+      raise ConfigError(f'{hf_dir} has no tokenizer this {family.name} import reads: save it '
+                        'beside the model (tokenizer.save_pretrained(DIR))')
   else:
     _saved_config_of(workdir, 'pretrain', 'fill_mask')
     cfg, params, tokenizer = bert.restore_pretrained(workdir)
     heads = bert_heads(params)
-  heads = dict(heads)
   model = Bert(cfg, **heads)
-  if 'pooler' not in params:  # BertForMaskedLM has none; the MLM logits never read it
+  if 'pooler' not in params:  # *ForMaskedLM have none; the MLM logits never read it
     e = cfg.emb_dim
     pooler = {'kernel': np.zeros((e, e), np.float32), 'bias': np.zeros(e, np.float32)}
     params = {**params, 'pooler': pooler}

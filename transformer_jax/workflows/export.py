@@ -5,7 +5,7 @@
     tokenizer = AutoTokenizer.from_pretrained('/tmp/sc_hf')      # the same ids as the workdir's
 
 The workdir is read the way the workflow that wrote it reads it: its saved config
-(cli/workdir.load_saved_config), the experiment it belongs to (workflows/experiments.py), its
+(cli/workdir.load_saved_config), the experiment it belongs to (workflows/experiment_kinds.py), its
 model config and tokenizer from that experiment's workflow modules (workflows/lm.py, bert*.py,
 translation_model.py), its params from the latest readable checkpoint
 (training/checkpointing.restore_params_only: the optimizer state is not read, nothing is
@@ -39,7 +39,7 @@ from transformer_jax.convert import families
 from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows import bert, bert_sections, experiments
+from transformer_jax.workflows import bert, bert_sections, experiment_kinds
 
 # The vocabulary of the model checked before any file is read: the switches, not the sizes,
 # decide what HF expresses.
@@ -79,7 +79,7 @@ def _expected_heads(config, type_vocab_size: int) -> dict:
               num_labels=bert_sections.FineTuning.of(config).data.num_labels)
 
 
-def _embedding_rows(experiment: experiments.Experiment, params: dict) -> int:
+def _embedding_rows(experiment: experiment_kinds.Experiment, params: dict) -> int:
   name = experiment.embedding
   try:
     return int(np.shape(params[name]['embedding'])[0])
@@ -105,7 +105,7 @@ def export_workdir(workdir: str, out_dir: str) -> str:
     raise ConfigError(f'--workdir {workdir} does not exist')
   out_dir = check_out_dir(out_dir)
   config = load_saved_config(workdir)
-  experiment = experiments.of_config(config)
+  experiment = experiment_kinds.of_config(config)
   kind = experiment.kind
   draft, type_vocab_size = experiment.model_config(config, STAND_IN_VOCAB_SIZE)
   family = family_of(kind, draft, config)
@@ -121,7 +121,7 @@ def export_workdir(workdir: str, out_dir: str) -> str:
                       f'has {rows} rows: ids >= {rows} would have no embedding')
   heads = None
   if encoder:
-    from transformer_jax.convert.hf_bert import bert_heads
+    from transformer_jax.models.bert import bert_heads
     heads = bert_heads(params)
   to_hf, export_state_dict = family.exporters(heads, files.special_ids)
   hf_config = to_hf(cfg)

@@ -43,7 +43,7 @@ from transformer_jax.corpus.reader import PreparedCorpus
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError, DataError, UserError
-from transformer_jax.workflows import experiments
+from transformer_jax.workflows import experiment_kinds
 from transformer_jax.workflows.lm_sections import Data, LmSections, Tokenizer
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
@@ -182,7 +182,7 @@ def validate(config) -> LmSections:
   """Every check of a language-model run, before anything is read or written: the sections and
   the model shape (with the requested vocabulary size, before a tokenizer is trained), training
   switches, the batch against the mesh. Returns the typed sections the run then reads."""
-  experiments.require(config, experiments.LM)
+  experiment_kinds.require(config, experiment_kinds.LM)
   sections = sections_of(config)
   validation.check_training(config, sections.data.batch_size)
   return sections
@@ -286,16 +286,16 @@ def restore_for_inference(config, workdir: str):
 
 def check_lm_workdir(config, workdir: str):
   """ConfigError unless `workdir` was trained by experiments.lm (its config is a language
-  model's: workflows/experiments.py) and holds a checkpoint.
+  model's: workflows/experiment_kinds.py) and holds a checkpoint.
 
   Checked before anything is read, so that a wrong workdir reads as one line.
   """
   try:
-    trained_by = experiments.of_config(config)
+    trained_by = experiment_kinds.of_config(config)
   except ConfigError as error:
     raise ConfigError(f'{workdir} is not a language-model workdir ({error}): pass a workdir '
                       'trained by experiments.lm') from None
-  if trained_by.name != experiments.LM:
+  if trained_by.name != experiment_kinds.LM:
     raise ConfigError(f'{workdir} is not a language-model workdir (its config has experiment '
                       f'{trained_by.name!r}, trained by {trained_by.command}): pass a workdir '
                       'trained by experiments.lm')

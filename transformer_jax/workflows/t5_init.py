@@ -23,6 +23,7 @@ import os
 
 from absl import logging
 
+from transformer_jax.convert import families
 from transformer_jax.data import tokenizer as tok
 from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
@@ -150,7 +151,6 @@ def _pretrained_workdir_config(path: str) -> Translation:
 
 def _hf_model_config(path: str) -> TransformerConfig:
   """The model init.hf_dir's config.json describes (ConfigError unless it is a T5)."""
-  from transformer_jax.convert import families
   if not os.path.isdir(path):
     raise ConfigError(f'init.hf_dir {path} does not exist: give a Hugging Face T5 directory '
                       '(config.json, model.safetensors, tokenizer.json or spiece.model)')
@@ -216,14 +216,13 @@ def init_config(config, workdir: str) -> tuple[Translation, 'Pretrained']:
       files = {SPM_MODEL: f.read()}
     params = _workdir_params(path)
   else:
-    from transformer_jax.convert import hf_t5
     declared = _hf_model_config(path)
     tokenizer = load_hf_t5_tokenizer(path)
     if tokenizer.vocab_size > declared.vocab_size:
       raise ConfigError(f'the tokenizer of init.hf_dir {path} has {tokenizer.vocab_size} ids but '
                         f'the model\'s embedding has {declared.vocab_size} rows (vocab_size in '
                         'config.json): the tokenizer does not belong to this checkpoint')
-    imported = hf_t5.load(path)
+    imported = families.of_directory(path, families.ENCODER_DECODER).load(path)
     cfg, params = imported.config, imported.params
     run = _with_hf_source(run, cfg, tokenizer.vocab_size)
     files = {}
@@ -314,8 +313,8 @@ def pretrained_params(pretrained: Pretrained, scan_layers: bool) -> dict:
       _pretrained_workdir_config(pretrained.path)  # still a T5 of ours, with a checkpoint
       params = _workdir_params(pretrained.path)
     else:
-      from transformer_jax.convert import hf_t5
-      params = hf_t5.load(pretrained.path).params
+      params = families.of_directory(pretrained.path,
+                                     families.ENCODER_DECODER).load(pretrained.path).params
   return scan_layout.for_layout(params, scan_layers)
 
 

@@ -1,6 +1,6 @@
 """Every kind of experiment the project trains, in one table.
 
-    experiment = experiments.of_config(config)                 # by config.experiment
+    experiment = experiment_kinds.of_config(config)                 # by config.experiment
     task, batch = experiment.abstract_task(config, num_devices=8)    # the planner's shapes
     cfg, segment_types = experiment.model_config(config, vocab_size)  # export's model
     experiment.kind                                            # families.CAUSAL_LM, ...
