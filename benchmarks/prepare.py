@@ -37,6 +37,7 @@ import pathlib
 import random
 import re
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -186,6 +187,9 @@ def compare(work: pathlib.Path, corpus: pathlib.Path, kind: str, tokenizer: str,
              tokens_per_s=tokens / run['seconds']))
     out.unlink(missing_ok=True)
     output = work / f'prepared_{kind}_{r}'
+    # A corpus left by an earlier invocation (the last round's is kept for --start) would be
+    # found finished and timed at a fraction of a second.
+    shutil.rmtree(output, ignore_errors=True)
     run = measure(prepare_command(corpus, output, kind, tokenizer))
     summary = json.loads(run['stdout'].strip().splitlines()[-1])
     tokens = summary['train_tokens'] + summary['valid_tokens']
@@ -198,7 +202,6 @@ def compare(work: pathlib.Path, corpus: pathlib.Path, kind: str, tokenizer: str,
         f'{results["prepare"][-1]["tokens_per_s"]:,.0f} tokens/s, '
         f'{results["prepare"][-1]["peak_rss_mb"]:,.0f} MB', flush=True)
     if r < rounds - 1:
-      import shutil
       shutil.rmtree(output)
   ratios = [
       b['tokens_per_s'] / a['tokens_per_s'] for a, b in zip(results['nanogpt'], results['prepare'])
