@@ -1,7 +1,8 @@
 """Beam search for a causal language model, with the rules of Hugging Face transformers' `generate`.
 
 `generate(input_ids, num_beams=k, do_sample=False, length_penalty=a, early_stopping=e)` in
-transformers picks its hypotheses this way, and `beam_search` here picks the same ones:
+transformers picks its hypotheses this way, and `transformers_beam_search` here picks the same
+ones (`search.beam_search` is the other one: the GNMT length penalty, for translation):
 
 - Every step ranks all one-token extensions of the k alive hypotheses by summed log-prob and
   keeps the 2k best candidates (so k of them are left to go on even if k end in EOS).
@@ -37,10 +38,11 @@ from transformer_jax.special_tokens import PAD_ID
 EarlyStopping = bool | Literal['never']
 
 
-def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, first_tokens: jnp.ndarray,
-                num_beams: int, max_new_tokens: int, length_penalty: float | jnp.ndarray = 1.0,
-                early_stopping: EarlyStopping = False,
-                eos_id: int | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+def transformers_beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *,
+                             first_tokens: jnp.ndarray, num_beams: int, max_new_tokens: int,
+                             length_penalty: float | jnp.ndarray = 1.0,
+                             early_stopping: EarlyStopping = False,
+                             eos_id: int | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Continues each row; returns (sequences int32[B, num_beams, max_new_tokens], scores
   float32[B, num_beams]), best first.
 

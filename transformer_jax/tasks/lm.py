@@ -195,10 +195,11 @@ class LanguageModelTask:
       logits, cache = self._run_decode(params, cache, tokens)
       return logits[:, -1, :], cache
 
-    return lm_beam_search.beam_search(tokens_to_logits, cache, first_tokens=last,
-                                      num_beams=num_beams, max_new_tokens=max_new_tokens,
-                                      length_penalty=length_penalty, early_stopping=early_stopping,
-                                      eos_id=eos_id)
+    return lm_beam_search.transformers_beam_search(tokens_to_logits, cache, first_tokens=last,
+                                                   num_beams=num_beams,
+                                                   max_new_tokens=max_new_tokens,
+                                                   length_penalty=length_penalty,
+                                                   early_stopping=early_stopping, eos_id=eos_id)
 
   def beam_search(self, params, prompt_tokens, num_beams: int, max_new_tokens: int, *,
                   length_penalty: float = 1.0, early_stopping: bool | str = False,

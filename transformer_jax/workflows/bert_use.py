@@ -19,8 +19,12 @@ from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.convert import families
-from transformer_jax.errors import ConfigError
+from transformer_jax.data.classification import (default_buckets, encode_rows, make_batch, read_tsv,
+                                                 row_length)
+from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.files import write_atomically
 from transformer_jax.models.bert import Bert, bert_heads
+from transformer_jax.training import trained_model
 from transformer_jax.workflows import bert, bert_sections
 from transformer_jax.workflows.bert_finetuning import classification_data, classification_task
 
@@ -49,7 +53,6 @@ def _saved_config_of(workdir: str, expected: str, use: str):
 def restore_classifier(workdir: str):
   """(saved config read as bert_sections.FineTuning, task, params, tokenizer) of a fine-tuned
   sentence-classification workdir's latest checkpoint."""
-  from transformer_jax.training import trained_model
   saved = bert_sections.FineTuning.of(_saved_config_of(workdir, 'finetune', 'predict/evaluate'))
   classification_data(saved)  # a tagging workdir is refused before its tokenizer is read
   tokenizer = bert.finetune_tokenizer(saved, workdir)
@@ -60,7 +63,6 @@ def restore_classifier(workdir: str):
 
 
 def _padded(rows, chosen, buckets, batch_size):
-  from transformer_jax.data.classification import make_batch
   zeros = np.zeros(len(chosen))
   return make_batch([rows[i] for i in chosen], zeros, zeros, buckets, batch_size)
 
@@ -72,7 +74,6 @@ def classify(task, params, tokenizer, texts: list, *, batch_size: int = 32) -> n
   ... up to the model's position table), so one compile per bucket serves any number of lines;
   longer inputs are truncated and counted in a log line.
   """
-  from transformer_jax.data.classification import default_buckets, encode_rows, row_length
   max_len = task.cfg.max_len
   rows, truncated = encode_rows(tokenizer, texts, max_len)
   if truncated:
@@ -94,7 +95,6 @@ def classify(task, params, tokenizer, texts: list, *, batch_size: int = 32) -> n
 def parse_lines(lines: list[str], pairs: bool) -> list:
   """Input lines -> texts: a pair model's lines are 'first<TAB>second' (DataError naming a line
   without a tab), a single-sentence model's whole lines."""
-  from transformer_jax.errors import DataError
   if not pairs:
     return list(lines)
   texts = []
@@ -122,8 +122,6 @@ def binary_scores(labels: np.ndarray, predictions: np.ndarray) -> dict[str, floa
 def evaluate_file(workdir: str, test_path: str, *, batch_size: int = 32) -> dict:
   """Scores a fine-tuned workdir on a labelled TSV (read as its training data was: the saved
   config's text and label columns); writes WORKDIR/predictions.tsv atomically."""
-  from transformer_jax.data.classification import read_tsv
-  from transformer_jax.files import write_atomically
   if not test_path:
     raise ConfigError('--mode=evaluate needs a labelled TSV: --config.data.test=FILE')
   saved, task, params, tokenizer = restore_classifier(workdir)
@@ -184,7 +182,6 @@ def fill_mask(model, params, tokenizer, lines: list[str], *, top_k: int = 5,
   Lines are encoded as [CLS] line [SEP] (cut to the model's length); the softmax is over the
   whole vocabulary at each mask position, as transformers' fill-mask pipeline.
   """
-  from transformer_jax.data.classification import default_buckets, encode_rows
   max_len = model.cfg.max_len
   rows, truncated = encode_rows(tokenizer, list(lines), max_len)
   if truncated:

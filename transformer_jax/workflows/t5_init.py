@@ -21,14 +21,25 @@ import dataclasses
 import json
 import os
 
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
 from absl import logging
 
+from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.convert import families
 from transformer_jax.data import tokenizer as tok
 from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
+from transformer_jax.layers import scan_layout
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
+from transformer_jax.models import EncoderDecoder
+from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE
+from transformer_jax.training.checkpointing import restore_params_only
+from transformer_jax.workflows.bert import overlay_params
 from transformer_jax.workflows.translation_model import HF_TOKENIZER_DIR, SPM_MODEL, model_config
 from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Translation
 
@@ -71,13 +82,11 @@ def _checkpoint_steps(workdir: str) -> list[int]:
 
 def _copy(config):
   """An unlocked deep copy of `config` (the command line's is locked), free to take new keys."""
-  import ml_collections
   return ml_collections.ConfigDict(config.copy_and_resolve_references().to_dict())
 
 
 def _model_section(cfg: TransformerConfig, runtime) -> dict:
   """config.model for `cfg` (every field, dtypes by name), `runtime` fields replacing its own."""
-  import numpy as np
   values = {
       f.name: getattr(cfg, f.name)
       for f in dataclasses.fields(cfg)
@@ -113,7 +122,6 @@ def _check_same_model(run: Translation, reference, vocab_size: int, where: str):
 
 def _not_t5(cfg: TransformerConfig) -> dict:
   """The switches of `cfg` that differ from T5's (an encoder and a decoder included)."""
-  from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE
   wrong = {k: getattr(cfg, k) for k in _T5_SWITCHES if getattr(cfg, k) != T5_V1_0_ARCHITECTURE[k]}
   if not cfg.num_encoder_layers or not cfg.num_decoder_layers:
     wrong.update(num_encoder_layers=cfg.num_encoder_layers,
@@ -124,7 +132,6 @@ def _not_t5(cfg: TransformerConfig) -> dict:
 def _pretrained_workdir_config(path: str) -> Translation:
   """The saved config of init.workdir `path`, read, after checking that it holds a T5 of this
   workflow with a joint SentencePiece model and a checkpoint (reading config files only)."""
-  from transformer_jax.cli.workdir import load_saved_config
   if not os.path.isdir(path):
     raise ConfigError(f'init.workdir {path} does not exist: give the workdir of a span-corruption '
                       'run (experiments/configs/t5_span_corruption.py)')
@@ -186,7 +193,6 @@ def _with_workdir_source(run: Translation, saved: Translation, vocab_size: int) 
 def _with_hf_source(run: Translation, cfg: TransformerConfig, tokenizer_size: int) -> Translation:
   """`run` whose model section is the HF checkpoint's `cfg` (config.model's RUNTIME_FIELDS
   kept) and whose tokenizer section describes its tokenizer (sentinels already in it)."""
-  import ml_collections
   config = _copy(run.config)
   config.model = ml_collections.ConfigDict(_model_section(cfg, run.model))
   config.tokenizer.update(dict(vocab_size=int(tokenizer_size), num_sentinels=0, joint=True))
@@ -240,7 +246,6 @@ def init_config(config, workdir: str) -> tuple[Translation, 'Pretrained']:
 def resumed_config(config, workdir: str) -> Translation:
   """`config` (read) with the model and tokenizer sections a fine-tuning workdir saved (the
   first run resolved them); config.model's RUNTIME_FIELDS still apply."""
-  from transformer_jax.cli.workdir import load_saved_config
   run = Translation.of(config)
   saved = Translation.of(load_saved_config(workdir))
   if run.init.source != saved.init.source:
@@ -260,7 +265,6 @@ def resumed_config(config, workdir: str) -> Translation:
 def _workdir_params(path: str) -> dict:
   """init.workdir's params of its latest readable checkpoint, as host arrays in the layer
   layout they were saved in (the optimizer state is not read; nothing is written there)."""
-  from transformer_jax.training.checkpointing import restore_params_only
   return restore_params_only(os.path.join(path, 'checkpoints'))
 
 
@@ -268,12 +272,6 @@ def _check_fits(model_cfg: TransformerConfig, params, kind: str, path: str):
   """ConfigError unless `params` are exactly those of `model_cfg` (the fine-tuned model): the
   same tree and shapes, so that none is left at its random initialisation (checked by tracing,
   nothing computed)."""
-  import flax
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from transformer_jax.layers import scan_layout
-  from transformer_jax.models import EncoderDecoder
   cfg = model_cfg.replace(scan_layers=False)
   dummy = jnp.ones((1, 2), jnp.int32)
   shapes = jax.eval_shape(EncoderDecoder(cfg).init, jax.random.key(0), dummy, dummy)
@@ -306,7 +304,6 @@ def write_init_tokenizer(workdir: str, pretrained: Pretrained):
 
 def pretrained_params(pretrained: Pretrained, scan_layers: bool) -> dict:
   """The pretrained params in the model's layer layout (read again if the run resumed)."""
-  from transformer_jax.layers import scan_layout
   params = pretrained.params
   if params is None:  # resumed, but the checkpoints proved unreadable: step 0 after all
     if pretrained.kind == WORKDIR:
@@ -321,8 +318,6 @@ def pretrained_params(pretrained: Pretrained, scan_layers: bool) -> dict:
 def start_state(trainer, train_data, pretrained: Pretrained):
   """The trainer's state: restored from the workdir's checkpoint, or at step 0 the fresh one
   with every param replaced by the pretrained model's (as BERT fine-tuning starts)."""
-  import jax
-  from transformer_jax.workflows.bert import overlay_params
   state = trainer.init_or_restore(train_data)
   if int(jax.device_get(state.step)) == 0:
     state = overlay_params(state, pretrained_params(pretrained, trainer.task.cfg.scan_layers))
@@ -335,7 +330,6 @@ def planned_config(config) -> Translation:
   run = Translation.of(config)
   kind, path = run.init.source
   if kind == WORKDIR:
-    from transformer_jax.cli.workdir import load_saved_config
     saved = Translation.of(load_saved_config(path))
     return _with_workdir_source(run, saved, saved.tokenizer.model_vocab_size)
   if kind == HF_DIR:
