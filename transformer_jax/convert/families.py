@@ -48,6 +48,8 @@ class Family:
   byte_level: bool = False
   # Whether `load` reads the folder's tokenizer too (else the caller loads its own).
   tokenizer: bool = False
+  # How documentation spells the family ('GPT-2'); the name otherwise.
+  title: str = ''
 
   @property
   def converter(self) -> ModuleType:
@@ -69,14 +71,16 @@ class Family:
 
 
 FAMILIES = (
-    Family('gpt2', CAUSAL_LM, 'transformer_jax.convert.hf_gpt2', ('gpt2',)),
-    Family('llama', CAUSAL_LM, 'transformer_jax.convert.hf_llama', ('llama',)),
-    Family('opt', CAUSAL_LM, 'transformer_jax.convert.hf_opt', ('opt',)),
-    Family('bert', ENCODER, 'transformer_jax.convert.hf_bert', ('bert',), tokenizer=True),
-    Family('albert', ENCODER, 'transformer_jax.convert.hf_albert', ('albert',), tokenizer=True),
+    Family('gpt2', CAUSAL_LM, 'transformer_jax.convert.hf_gpt2', ('gpt2',), title='GPT-2'),
+    Family('llama', CAUSAL_LM, 'transformer_jax.convert.hf_llama', ('llama',), title='LLaMA'),
+    Family('opt', CAUSAL_LM, 'transformer_jax.convert.hf_opt', ('opt',), title='OPT'),
+    Family('bert', ENCODER, 'transformer_jax.convert.hf_bert', ('bert',), tokenizer=True,
+           title='BERT'),
+    Family('albert', ENCODER, 'transformer_jax.convert.hf_albert', ('albert',), tokenizer=True,
+           title='ALBERT'),
     Family('roberta', ENCODER, 'transformer_jax.convert.hf_roberta', ('roberta',), byte_level=True,
-           tokenizer=True),
-    Family('t5', ENCODER_DECODER, 'transformer_jax.convert.hf_t5', ('t5',)),
+           tokenizer=True, title='RoBERTa'),
+    Family('t5', ENCODER_DECODER, 'transformer_jax.convert.hf_t5', ('t5',), title='T5'),
 )
 
 
