@@ -2,11 +2,11 @@
 transformers' `generate(num_beams=k, do_sample=False, length_penalty=a, early_stopping=e)`.
 
 Needs the `parity` extra (torch, transformers). No download: the references are tiny seeded random
-GPT2LMHeadModel and LlamaForCausalLM (grouped-query attention) with a 64-token vocabulary,
-imported through `convert.families`. The EOS ids are tokens the models' greedy continuations
-emit, picked so that hypotheses end at EOS early enough for the stop rules to decide: the tests
-check that some hypothesis did end at EOS and that early_stopping False and 'never' came out
-differently, or those rules would go untested.
+GPT2LMHeadModel, LlamaForCausalLM (grouped-query attention) and OPTForCausalLM with a 64-token
+vocabulary, imported through `convert.families`. The EOS ids are tokens the models' greedy
+continuations emit, picked so that hypotheses end at EOS early enough for the stop rules to
+decide: the tests check that some hypothesis did end at EOS and that early_stopping False and
+'never' came out differently, or those rules would go untested.
 """
 
 import jax
@@ -28,7 +28,7 @@ VOCAB = 64
 NEW_TOKENS = 12
 LENGTH_PENALTIES = (1.0, 0.6, 2.0, -1.0)
 # transformers' greedy search emits these tokens within the first 5 new ones (see the docstring).
-EOS_IDS = {'gpt2': 17, 'llama': 29}
+EOS_IDS = {'gpt2': 17, 'llama': 29, 'opt': 37}
 # (model class, config class, config) of transformers, by family.
 HF_MODELS = {
     'gpt2': ('GPT2LMHeadModel', 'GPT2Config',
@@ -38,6 +38,12 @@ HF_MODELS = {
               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=64, vocab_size=VOCAB,
                    max_position_embeddings=64, bos_token_id=1, eos_token_id=1)),
+    # OPT's default init (std 0.02, ReLU) repeats one token; std 0.2 gives varied continuations.
+    'opt': ('OPTForCausalLM', 'OPTConfig',
+            dict(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                 max_position_embeddings=64, vocab_size=VOCAB, word_embed_proj_dim=32, dropout=0.0,
+                 attention_dropout=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+                 activation_function='relu', init_std=0.2)),
 }
 
 

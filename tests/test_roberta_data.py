@@ -235,6 +235,18 @@ def test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf(tmp_path)
   results = bert.run(fine, str(tmp_path / 'fine'))
   assert 0.0 <= results['dev_accuracy'] <= 1.0
   assert os.path.exists(tmp_path / 'fine' / 'tokenizer' / 'tokenizer.json')
+  # --mode=evaluate reads the workdir's RoBERTa tokenizer back and scores dev as training did.
+  import subprocess
+  import sys
+  from conftest import REPO_ROOT
+  evaluated = subprocess.run([
+      sys.executable, '-m', 'experiments.bert', '--mode=evaluate', f'--workdir={tmp_path / "fine"}',
+      f'--input={tmp_path / "sst2" / "dev.tsv"}'
+  ], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
+  assert scores['examples'] == 32
+  assert scores['accuracy'] == pytest.approx(results['dev_accuracy'], abs=1e-6)
 
 
 def test_hf_dir_families_for_finetuning(tmp_path):

@@ -167,6 +167,9 @@ TESTS = {
         'test_fill_mask_of_an_hf_folder_matches_transformers_pipeline[albert]',
     ('predict', 'bert'):
         'tests/test_bert_predict.py::test_predict_probabilities_and_evaluate_scores',
+    ('predict', 'roberta'):
+        'tests/test_roberta_data.py::'
+        'test_roberta_pretrain_small_lowers_mlm_loss_then_finetunes_from_hf',
     ('predict', 'albert'):
         'tests/test_hf_encoder_uses.py::'
         'test_albert_fine_tunes_from_an_hf_folder_and_predicts_from_its_workdir',
@@ -183,6 +186,9 @@ TESTS = {
     ('beam', 'llama'):
         'tests/test_lm_beam_search.py::test_hypotheses_and_scores_match_transformers'
         '[llama]',
+    ('beam', 'opt'):
+        'tests/test_lm_beam_search.py::test_hypotheses_and_scores_match_transformers'
+        '[opt]',
     ('batched', 'gpt2'):
         'tests/test_ragged_generation.py::'
         'test_sampling_with_a_key_per_row_gives_each_prompt_its_draws_alone[gpt2]',
