@@ -24,7 +24,7 @@ from transformer_jax import xla_options
 from transformer_jax.corpus import prepare
 from transformer_jax.corpus import tokenizers as corpus_tokenizers
 from transformer_jax.corpus.reader import PreparedCorpus, TokenSplit
-from transformer_jax.data import bert_pretrain, packing
+from transformer_jax.data import bert_lines, bert_pretrain, packing
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.training import batch_record
 
@@ -192,28 +192,26 @@ def test_planned_rows_are_todays_packing(prepared):
   corpus = prepared('wordpiece')
   view = corpus.split('train').documents()
   docs = [list(view[d]) for d in range(len(view))]
-  lines = bert_pretrain.LineIndex(view)
+  lines = bert_lines.LineIndex(view)
   for budget in (14, 22, 126):
     want_rows, want_cut = _reference_pack_full_sentences(docs, budget, 3)
-    bounds, cut = bert_pretrain.plan_rows(lines, budget, per_document=False)
-    rows = [bert_pretrain.row_tokens(lines, a, b, budget, 3) for a, b in zip(bounds, bounds[1:])]
+    bounds, cut = bert_lines.plan_rows(lines, budget, per_document=False)
+    rows = [bert_lines.row_tokens(lines, a, b, budget, 3) for a, b in zip(bounds, bounds[1:])]
     assert cut == want_cut and (budget > 22 or cut > 0)
     _rows_equal(rows, want_rows)
     want_chunks, want_cut = _reference_document_chunks(docs, budget)
-    bounds, cut = bert_pretrain.plan_rows(lines, budget, per_document=True)
-    chunks = [
-        bert_pretrain.row_tokens(lines, a, b, budget, None) for a, b in zip(bounds, bounds[1:])
-    ]
+    bounds, cut = bert_lines.plan_rows(lines, budget, per_document=True)
+    chunks = [bert_lines.row_tokens(lines, a, b, budget, None) for a, b in zip(bounds, bounds[1:])]
     assert cut == want_cut
     _rows_equal(chunks, want_chunks)
   for seed in range(200):
     docs = _random_documents(seed)
     for budget in (4, 18):
-      rows, cut = bert_pretrain.pack_full_sentences(docs, budget, 3)
+      rows, cut = bert_lines.pack_full_sentences(docs, budget, 3)
       want_rows, want_cut = _reference_pack_full_sentences(docs, budget, 3)
       assert cut == want_cut
       _rows_equal(rows, want_rows)
-      chunks, cut = bert_pretrain.document_chunks(docs, budget)
+      chunks, cut = bert_lines.document_chunks(docs, budget)
       want_chunks, want_cut = _reference_document_chunks(docs, budget)
       assert cut == want_cut
       _rows_equal(chunks, want_chunks)
@@ -223,16 +221,16 @@ def test_flat_best_fit_is_pack_lengths():
   rng = np.random.default_rng(0)
   for capacity, count in [(8, 0), (8, 1), (32, 300), (128, 3000)]:
     lengths = rng.integers(1, capacity + 1, size=count)
-    offsets, members = bert_pretrain.pack_lengths_flat(lengths, capacity)
+    offsets, members = bert_lines.pack_lengths_flat(lengths, capacity)
     rows = [members[a:b].tolist() for a, b in zip(offsets, offsets[1:])]
     assert rows == packing.pack_lengths(lengths, capacity)
   with pytest.raises(DataError, match='items to pack must have 1 to 8 tokens'):
-    bert_pretrain.pack_lengths_flat([3, 9], 8)
+    bert_lines.pack_lengths_flat([3, 9], 8)
 
 
 def test_a_line_index_of_documents_with_empty_ones_draws_only_lines():
   docs = [[], [np.arange(3)], [], [], [np.arange(2), np.arange(4)], []]
-  lines = bert_pretrain.LineIndex(docs)
+  lines = bert_lines.LineIndex(docs)
   assert lines.num_lines == 3 and lines.num_documents == 6
   assert [lines.locate(k) for k in range(3)] == [(1, 0), (4, 0), (4, 1)]
   assert lines.first_lines(0, 3).tolist() == [True, True, False]

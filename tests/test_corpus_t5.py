@@ -23,7 +23,7 @@ from experiments.configs import t5_span_corruption
 from transformer_jax import xla_options
 from transformer_jax.corpus import prepare
 from transformer_jax.corpus.reader import PreparedCorpus
-from transformer_jax.data import span_corruption, text
+from transformer_jax.data import span_corruption, span_corruption_stream, text
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_tokens import EOS_ID, PAD_ID
@@ -74,7 +74,7 @@ def test_chunks_from_the_shards_are_the_text_paths_chunks_of_the_same_lines(line
   tokenizer = Tokenizer.from_file(corpus.tokenizer_path)
   length = span_corruption.chunk_length(MAX_LEN)
   for split, path in (('train', train_path), ('valid', valid_path)):
-    chunks = span_corruption.StreamChunks(corpus.split(split), length)
+    chunks = span_corruption_stream.StreamChunks(corpus.split(split), length)
     expected = chunks_in_memory(path, tokenizer, length)
     assert len(chunks) == len(expected) > 10
     for got, want in zip(chunks, expected):
@@ -86,13 +86,13 @@ def test_chunks_from_the_shards_are_the_text_paths_chunks_of_the_same_lines(line
   lines = [documents.line(k) for k in range(documents.num_lines)]
   assert len(lines) == len([line for line in text.read_lines(train_path) if line])
   for length in (1, 7, 141, 5000):
-    chunks = span_corruption.StreamChunks(corpus.split('train'), length)
+    chunks = span_corruption_stream.StreamChunks(corpus.split('train'), length)
     expected = span_corruption.pack_and_split(lines, length)
     assert len(chunks) == len(expected)
     assert all(np.array_equal(a, b) for a, b in zip(chunks, expected)), length
-  assert len(span_corruption.StreamChunks(corpus.split('train'), 141, limit=3)) == 3
+  assert len(span_corruption_stream.StreamChunks(corpus.split('train'), 141, limit=3)) == 3
   with pytest.raises(IndexError):
-    span_corruption.StreamChunks(corpus.split('train'), 141, limit=3)[3]
+    span_corruption_stream.StreamChunks(corpus.split('train'), 141, limit=3)[3]
 
 
 # -- the batcher --------------------------------------------------------------------------------
@@ -103,12 +103,12 @@ SMALL = dict(max_len=48, batch_tokens=192, seed=3, vocab_size=BASE + NUM_SENTINE
              num_sentinels=NUM_SENTINELS)
 
 
-def small_batcher(num_tokens: int = 632, **overrides) -> span_corruption.SpanCorruptionSteps:
+def small_batcher(num_tokens: int = 632, **overrides) -> span_corruption_stream.SpanCorruptionSteps:
   """Random ids in a stream of 632 tokens: 13 chunks of 52 (the last of 8), 4 rows a batch of
   48-token inputs and 16-token targets (52 tokens have 8 noise tokens in 3 spans)."""
   ids = np.random.default_rng(0).integers(5, BASE, size=num_tokens)
-  source = span_corruption.TokenArray(ids.astype(np.uint16))
-  return span_corruption.SpanCorruptionSteps(source, **{**SMALL, **overrides})
+  source = span_corruption_stream.TokenArray(ids.astype(np.uint16))
+  return span_corruption_stream.SpanCorruptionSteps(source, **{**SMALL, **overrides})
 
 
 def uncorrupt(inputs: np.ndarray, targets: np.ndarray, vocab_size: int,
@@ -308,7 +308,7 @@ def expected_digests(folder: str, steps: int, multiple_of: int,
                      batch_tokens: int = BATCH_TOKENS) -> dict[int, str]:
   """{step: SHA-256} of the global batches the run must train on: `SpanCorruptionSteps`'s
   batch s - 1 at step s, computed here."""
-  batcher = span_corruption.SpanCorruptionSteps(
+  batcher = span_corruption_stream.SpanCorruptionSteps(
       PreparedCorpus(folder).split('train'), max_len=MAX_LEN, batch_tokens=batch_tokens,
       seed=t5_span_corruption.get_config().seed, vocab_size=VOCAB + 100, num_sentinels=100,
       multiple_of=multiple_of)

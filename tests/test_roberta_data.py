@@ -12,7 +12,7 @@ import pytest
 
 from transformer_jax.convert import hf_roberta
 from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-from transformer_jax.data import bert_pretrain
+from transformer_jax.data import bert_lines, bert_pretrain
 from transformer_jax.errors import ConfigError, DataError
 
 SEP = 3
@@ -61,7 +61,7 @@ def _runs(row) -> list[tuple[int, int, int]]:
 
 def test_full_sentences_pack_whole_lines_across_documents():
   docs = _documents()
-  rows, truncated = bert_pretrain.pack_full_sentences(docs, budget=18, separator=SEP)
+  rows, truncated = bert_lines.pack_full_sentences(docs, budget=18, separator=SEP)
   assert truncated == 1  # document 5's first line, cut to a row of its own
   seen, crossing = [], 0
   for r, row in enumerate(rows):
@@ -96,7 +96,7 @@ def test_full_sentences_batches_feed_every_row_once_per_epoch():
   options = bert_pretrain.PretrainOptions(max_len=20, max_predictions=4,
                                           sentence_task='full_sentences')
   data = bert_pretrain.PretrainBatches(docs, _FakeTokenizer(), options, batch_size=4, seed=3)
-  rows, _ = bert_pretrain.pack_full_sentences(docs, 18, SEP)
+  rows, _ = bert_lines.pack_full_sentences(docs, 18, SEP)
   count = data.rows_per_epoch
   assert count == len(rows) and data.truncated_lines == 1
   steps = -(-2 * count // 4)  # two epochs
@@ -137,7 +137,7 @@ def test_byte_level_bpe_rows_show_the_separator_between_documents(tmp_path):
   again = RobertaTokenizer.from_dir(str(tmp_path / 'tok'))
   assert again.encode(texts[0]) == tokenizer.encode(texts[0])
   docs = bert_pretrain.tokenize_documents(tokenizer, [texts[:2], texts[2:]])
-  rows, truncated = bert_pretrain.pack_full_sentences(docs, 62, tokenizer.sep_id)
+  rows, truncated = bert_lines.pack_full_sentences(docs, 62, tokenizer.sep_id)
   assert truncated == 0 and len(rows) == 1
   ids, segments = tokenizer.build_pair(rows[0], None, 64)
   assert tokenizer.decode(ids) == f'<s>{texts[0]}{texts[1]}</s>{texts[2]}</s>'

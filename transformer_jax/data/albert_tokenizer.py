@@ -20,7 +20,7 @@ from transformer_jax.data.hf_tokenizer import (SPECIAL_TOKENS_MAP, TOKENIZER_CON
                                                HFTokenizer, special_token_names)
 from transformer_jax.data.wordpiece import bert_pair
 from transformer_jax.errors import DataError
-from transformer_jax.files import write_atomically
+from transformer_jax.files import read_json_object, write_atomically
 
 # ALBERT's special tokens, where the folder's tokenizer_config.json names none.
 _TOKEN_DEFAULTS = {'cls': '[CLS]', 'sep': '[SEP]', 'pad': '<pad>', 'unk': '<unk>', 'mask': '[MASK]'}
@@ -101,7 +101,4 @@ def is_saved_here(directory: str) -> bool:
   """Whether `directory` holds a tokenizer `AlbertTokenizer.save` wrote (by the class its
   tokenizer_config.json names)."""
   path = os.path.join(directory, TOKENIZER_CONFIG)
-  if not os.path.isfile(path):
-    return False
-  with open(path, encoding='utf-8') as f:
-    return json.load(f).get('tokenizer_class') == TOKENIZER_CLASS
+  return os.path.isfile(path) and read_json_object(path).get('tokenizer_class') == TOKENIZER_CLASS

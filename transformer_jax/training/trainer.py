@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer_jax import flops, onednn_lifetime, precision
+from transformer_jax import onednn_lifetime, precision
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.sections import ModelChoices, RunSections
@@ -30,6 +30,7 @@ from transformer_jax.training import elastic, preemption, provenance
 from transformer_jax.training.batch_record import BatchRecord
 from transformer_jax.training.checkpointing import Checkpointer
 from transformer_jax.training.metrics_writer import MetricsWriter
+from transformer_jax.training.model_flops import ModelFlops
 from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.profiling import ProfileWindow, profile_window
 from transformer_jax.training.train_step import (Batch, Metrics, TrainState, build_train_step,
@@ -261,7 +262,7 @@ class Trainer:
                  f'{self.num_params():,}', step, num_steps, dict(self.mesh.shape))
     self._write_provenance(step)
     progress = _Progress(step, num_steps, train.max_minutes, log_every)
-    model_flops = _ModelFlops(self.task, self.abstract_state.params, self.mesh)
+    model_flops = ModelFlops(self.task, self.abstract_state.params, self.mesh)
     guard = _NonFiniteGuard(train.max_nonfinite, self.checkpointer.directory)
     profiler = ProfileWindow(profile_window(train.profile_steps),
                              os.path.join(self.workdir, 'profile'), step)
@@ -331,7 +332,7 @@ class Trainer:
     logging.info('provenance of this run (start step %d) appended to %s', step, path)
 
   def _log_train(self, step: int, sums: dict[str, float], progress: '_Progress',
-                 guard: '_NonFiniteGuard', model_flops: '_ModelFlops') -> dict[str, float]:
+                 guard: '_NonFiniteGuard', model_flops: ModelFlops) -> dict[str, float]:
     """One progress line and the train/* scalars for the steps since the last one."""
     steps, seconds, tokens, slots, flops_done = progress.interval(step)
     weight = max(sums.get('weight', 0.0), 1.0)
@@ -429,61 +430,6 @@ class _Progress:
     return dict(step=step, minutes=elapsed / 60.0, tokens=self.total_tokens,
                 tokens_per_s=self.total_tokens / max(elapsed, 1e-9),
                 first_step_seconds=self.first_step_seconds or 0.0)
-
-
-class _ModelFlops:
-  """The task's model FLOPs per batch (cached per batch shape) and the peak FLOP/s of the run's
-  devices (transformer_jax/flops.py): what the progress line's MFU divides."""
-
-  def __init__(self, task, abstract_params, mesh):
-    self.formula = getattr(task, 'model_flops', None)
-    self.params = nn.meta.unbox(abstract_params)
-    self.cache, self.peak, self.cpu_peak = {}, None, None
-    if self.formula is None:
-      return
-    device = mesh.devices.flat[0]
-    matmul_dtype = task.cfg.matmul_dtype or task.cfg.dtype
-    per_device, source = flops.peak_flops_per_device(device, matmul_dtype)
-    # A CPU's figure is the whole host's, measured on each process.
-    self.devices = jax.process_count() if device.platform == 'cpu' else mesh.size
-    if per_device:
-      self.peak = per_device * self.devices
-    if device.platform == 'cpu':
-      self.cpu_peak = flops.CpuPeak.of(matmul_dtype)
-    self.remeasured = False
-    logging.info('MFU: model FLOPs (%s) against %s', flops.FORMULA, source)
-
-  def utilisation(self, model_flops_per_s: float) -> tuple[float | None, str]:
-    """(MFU or None, the progress line's text for it) of a window's model FLOP/s.
-
-    A CPU window faster than the peak means the peak is stale (measured under load, with no
-    quiet figure cached yet): the matmul is measured again, once per run, and the line says so
-    instead of showing a figure above 100%.
-    """
-    if not self.peak:
-      return None, ''
-    mfu = model_flops_per_s / self.peak
-    if mfu <= 1.0:
-      return mfu, f' | MFU {100 * mfu:.1f}%'
-    if self.cpu_peak is None:
-      return None, ' | MFU n/a (above the nominal peak)'
-    if not self.remeasured:
-      self.remeasured = True
-      self.peak = self.cpu_peak.measure() * self.devices
-      logging.info(
-          'MFU: this window ran at %s GFLOP/s of model FLOPs, above the peak; measured '
-          'the matmul again: %s', f'{model_flops_per_s / 1e9:,.0f}', self.cpu_peak.describe())
-      if model_flops_per_s <= self.peak:
-        return self.utilisation(model_flops_per_s)
-    return None, f' | MFU n/a (peak {self.peak / 1e9:,.0f} GFLOP/s is stale)'
-
-  def of(self, batch) -> float:
-    if self.formula is None:
-      return 0.0
-    shapes = tuple(sorted((key, np.shape(value)) for key, value in batch.items()))
-    if shapes not in self.cache:
-      self.cache[shapes] = float(self.formula(self.params, batch))
-    return self.cache[shapes]
 
 
 class _NonFiniteGuard:

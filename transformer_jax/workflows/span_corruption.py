@@ -9,7 +9,7 @@ T5's objective (Raffel et al. 2020) on plain text, from one of two sources:
     --tokenizer=sentencepiece` (local or any fsspec URL), read from its token shards on
     demand: chunk i of a split is its stream's tokens [i * L, (i + 1) * L), the chunks
     `pack_and_split` gives on the same lines, and the training batches are step-indexed
-    (`span_corruption.SpanCorruptionSteps`), so nothing is tokenized at start or resume and
+    (`span_corruption_stream.SpanCorruptionSteps`), so nothing is tokenized at start or resume and
     memory and start time do not grow with the corpus. The corpus's SentencePiece model is the
     workdir's spm.model: copied there on the first run, checked against the corpus after.
 The model vocabulary is the tokenizer's plus tokenizer.num_sentinels. The tokenizers, task and
@@ -23,7 +23,7 @@ from absl import logging
 
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.corpus.reader import PreparedCorpus
-from transformer_jax.data import batching, span_corruption, text
+from transformer_jax.data import batching, span_corruption, span_corruption_stream, text
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.workflows.translation_model import SPM_MODEL, build, load_tokenizers
 from transformer_jax.workflows.translation_sections import Translation
@@ -197,7 +197,7 @@ def _prepared_data(run, workdir: str):
   tokenizer = tokenizers[1]
   length = span_corruption.chunk_length(data.max_len, **data.noise)
   valid_split = corpus.split('valid')
-  valid_chunks = list(span_corruption.StreamChunks(valid_split, length, data.valid_chunks))
+  valid_chunks = list(span_corruption_stream.StreamChunks(valid_split, length, data.valid_chunks))
   if not valid_chunks:
     raise DataError(f'{corpus.root} has no validation tokens: prepare it with --valid_fraction '
                     'or --valid_sources')
@@ -209,11 +209,9 @@ def _prepared_data(run, workdir: str):
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_split = corpus.split('train')
   # Rows rounded to the run's first layout (kept when resumed on another: training/elastic.py).
-  train_data = span_corruption.SpanCorruptionSteps(train_split, max_len=data.max_len,
-                                                   batch_tokens=data.batch_tokens, seed=run.seed,
-                                                   max_chunks=data.max_train_examples,
-                                                   multiple_of=trainer.batch_multiple, **corrupt,
-                                                   **process)
+  train_data = span_corruption_stream.SpanCorruptionSteps(
+      train_split, max_len=data.max_len, batch_tokens=data.batch_tokens, seed=run.seed,
+      max_chunks=data.max_train_examples, multiple_of=trainer.batch_multiple, **corrupt, **process)
   trainer.check_batch_rows(train_data.global_rows)  # before the first write
   save_config(run.config, workdir)
   # One shape, as training's: inputs of max_len columns.
