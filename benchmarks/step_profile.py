@@ -56,7 +56,8 @@ def part_of_model(instruction: dict, calls_dot: bool) -> str:
     return 'matmuls backward' if 'transpose(' in op_name else 'matmuls forward'
   if 'jvp(' not in op_name:
     return 'optimizer update, gradient clipping'  # outside the model's forward/backward
-  if 'embed' in op_name:
+  # GPT's method `features_and_embedding` names every op of the model: look at the modules only.
+  if 'embed' in op_name.replace('features_and_embedding', ''):
     return 'embeddings'
   return 'other (norms, activations, residuals, loss)'
 
