@@ -5,11 +5,12 @@ r"""Export a trained workdir as a Hugging Face model directory (transformers loa
   #                   AutoTokenizer.from_pretrained('/tmp/sc_hf')
 
 The family follows from the workdir's config (transformer_jax/workflows/export.py): a GPT-2-style
-language model -> gpt2, a LLaMA-style one -> llama, a BERT -> bert, an ALBERT -> albert, a
-RoBERTa (byte-level BPE) -> roberta, a T5-style translation model -> t5. Prints the output
-directory and the family on stdout (logs go to stderr). --out must not exist or be empty; a
-model no Hugging Face class computes, a workdir without a checkpoint or an existing --out is one
-error line and exit status 1, with nothing written.
+language model -> gpt2, one with OPT's switches (GPT-2's with ReLU) -> opt, a LLaMA-style one ->
+llama, a BERT -> bert, an ALBERT -> albert, a RoBERTa (byte-level BPE) -> roberta, a T5-style
+translation model -> t5. Prints the output directory and the family on stdout (logs go to
+stderr). --out must not exist or be empty; a model no Hugging Face class computes, a workdir
+without a checkpoint or an existing --out is one error line and exit status 1, with nothing
+written.
 """
 
 from transformer_jax.cli import process

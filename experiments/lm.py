@@ -6,6 +6,14 @@ r"""Train a decoder-only GPT language model, or measure one's perplexity on a te
       --config.data.source=tfds                       # TFDS tiny_shakespeare instead
   python -m experiments.generate --workdir=/tmp/sc --prompt="ROMEO:"   # then sample from it
 
+  python -m experiments.lm --config=experiments/configs/gpt2_shakespeare_bpe.py --workdir=/tmp/ft \
+      --config.init.hf_dir=/path/to/gpt2              # continue pretraining a Hugging Face model
+
+--config.init.hf_dir=DIR continues pretraining a Hugging Face causal LM (the flag --hf_dir's
+families): DIR's config.json replaces the config's model section (the log names what changed;
+dropout, dtypes and memory switches stay the config's), its tokenizer tokenizes the text and its
+weights are the parameters at step 0. The workdir is then like one trained from scratch.
+
 Rerunning the command resumes from the latest checkpoint in the workdir. Samples from the
 model are written to the log and TensorBoard (tag 'samples') at every evaluation.
 

@@ -8,7 +8,8 @@ killed there would leave it, and resumed on 4 devices (data=2 x fsdp=2), on 2 an
 batch (the SHA-256 of every array the devices receive, train.record_batches) and reach its loss
 within LOSS_RTOL: the state restores bitwise, but XLA reduces in another order on another mesh
 (measured: at most ~2e-7 relative over three steps, float32), so the losses are not bitwise.
-GPT (random windows), BERT (masked LM + NSP, dropout on in both) and packed translation.
+GPT (random windows), BERT (masked LM + NSP, dropout on in both) and packed translation; LLaMA,
+OPT, RoBERTa (full sentences) and ALBERT (sentence order) resume once, on data=2 x fsdp=2.
 
 The fast tests check the pieces: the layout and its checks (training/elastic.py), the 'run'
 item of a checkpoint and checkpoints written before it, orbax's retention, the batch digest,
@@ -48,26 +49,28 @@ TINY = {
 # 480 // 32 = 15 packed rows: 8 rounded to 8 devices, but 12, 14, 15 on 4, 2, 1; the resumes keep
 # 8 (the first layout's), or their batches would differ from the reference's.
 PACKED_BATCH_TOKENS = 480
+_GPT = {
+    'model.num_decoder_layers': 2,
+    'model.attention_dropout_rate': 0.1,
+    'data.block_size': 16,
+    'data.batch_size': 8,
+    'data.eval_batches': 1,
+    'eval.sample_tokens': 0,
+}
+_BERT = {
+    'model.num_encoder_layers': 1,
+    'model.max_len': 32,
+    'data.lines_per_document': 0,
+    'data.valid_fraction': 0.1,
+    'data.max_len': 32,
+    'data.max_predictions': 5,
+    'data.batch_size': 8,
+    'data.eval_batches': 1,
+    'tokenizer.vocab_size': 100,
+}
 FAMILIES = {
-    'gpt': ('experiments.lm', 'experiments/configs/shakespeare_char.py', {
-        'model.num_decoder_layers': 2,
-        'model.attention_dropout_rate': 0.1,
-        'data.block_size': 16,
-        'data.batch_size': 8,
-        'data.eval_batches': 1,
-        'eval.sample_tokens': 0,
-    }),
-    'bert': ('experiments.bert', 'experiments/configs/bert_pretrain_small.py', {
-        'model.num_encoder_layers': 1,
-        'model.max_len': 32,
-        'data.lines_per_document': 0,
-        'data.valid_fraction': 0.1,
-        'data.max_len': 32,
-        'data.max_predictions': 5,
-        'data.batch_size': 8,
-        'data.eval_batches': 1,
-        'tokenizer.vocab_size': 100,
-    }),
+    'gpt': ('experiments.lm', 'experiments/configs/shakespeare_char.py', _GPT),
+    'bert': ('experiments.bert', 'experiments/configs/bert_pretrain_small.py', _BERT),
     'translation': ('experiments.translate', 'experiments/configs/translate_quickstart.py', {
         'model.num_encoder_layers': 1,
         'model.num_decoder_layers': 1,
@@ -81,7 +84,22 @@ FAMILIES = {
         'eval.decode_rows': 64,
         'eval.test_prefix': '',
     }),
+    # The other families, through the batchers above: LLaMA (4 query heads on its config's 2
+    # key/value heads), OPT (GPT-2's switches with ReLU: convert/hf_opt.py), RoBERTa (full
+    # sentences, a byte-level BPE) and ALBERT (sentence order, a factorised embedding, one layer
+    # applied twice).
+    'llama': ('experiments.lm', 'experiments/configs/llama_shakespeare.py',
+              {**_GPT, 'model.num_heads': 4}),
+    'opt': ('experiments.lm', 'experiments/configs/shakespeare_char.py',
+            {**_GPT, 'model.activation': 'relu'}),
+    'roberta': ('experiments.bert', 'experiments/configs/roberta_pretrain_small.py',
+                {**_BERT, 'tokenizer.vocab_size': 300}),
+    'albert': ('experiments.bert', 'experiments/configs/albert_pretrain_small.py',
+               {**_BERT, 'model.embedding_size': 16, 'model.num_encoder_layers': 2}),
 }
+# Each workflow's batcher resumes on every layout below; the families that reuse one resume
+# once, on data2_fsdp2: another device count, and state split where the reference's was whole.
+WORKFLOW_FAMILIES = ('gpt', 'bert', 'translation')
 # Where each resume runs: (devices, mesh flags).
 RESUMES = {
     'data2_fsdp2': (4, {'mesh.data': 2, 'mesh.fsdp': 2}),
@@ -106,7 +124,7 @@ def run(translate_cli, family: str, data: str, workdir, steps: int, devices: int
   module, config, values = FAMILIES[family]
   values = {**TINY, **values, 'train.num_steps': steps, **(flags or {})}
   if data:  # translation reads Multi30k, as the quickstart config says
-    values['data.paths' if family == 'bert' else 'data.path'] = data
+    values['data.paths' if module == 'experiments.bert' else 'data.path'] = data
   command = [sys.executable, '-m', module, f'--config={config}', f'--workdir={workdir}']
   command += [f'--config.{k}={v}' for k, v in values.items()]
   env = xla_options.host_devices_env(devices, translate_cli.env())
@@ -148,9 +166,10 @@ def rewind(source, target, step: int):
 
 def family_data(family: str, tiny_shakespeare: str, tmp_path) -> str:
   """The text a family trains on ('' = its config's own)."""
-  if family == 'bert':
+  module = FAMILIES[family][0]
+  if module == 'experiments.bert':
     return bert_text(tmp_path)
-  return tiny_shakespeare if family == 'gpt' else ''
+  return tiny_shakespeare if module == 'experiments.lm' else ''
 
 
 def check_resumed_like_reference(reference, resumed, name: str) -> float:
@@ -174,7 +193,8 @@ def test_resume_on_other_meshes_continues_the_same_batches(family, translate_cli
   reference = tmp_path / 'reference'
   run(translate_cli, family, data, reference, steps=6, devices=8)
   differences = {}
-  for name, (devices, mesh) in RESUMES.items():
+  resumes = RESUMES if family in WORKFLOW_FAMILIES else {'data2_fsdp2': RESUMES['data2_fsdp2']}
+  for name, (devices, mesh) in resumes.items():
     resumed = tmp_path / name
     rewind(reference, resumed, 3)
     proc = run(translate_cli, family, data, resumed, steps=6, devices=devices, flags=mesh)
@@ -185,10 +205,19 @@ def test_resume_on_other_meshes_continues_the_same_batches(family, translate_cli
     assert start['resumed_from']['devices'] == 8 and start['layout']['devices'] == devices
     assert start['resumed_from']['mesh']['data'] == 8
     assert start['layout']['batch_multiple'] == 8  # the first layout's, kept
-  # fsdp=8 (params and optimizer state split 8 ways) resumed on data=8 (replicated). A fresh
-  # run, given the reference's tokenizer files: what is compared here is the state on another
-  # mesh, not whether a tokenizer trained again comes out the same (tests/test_bert_data.py).
-  fsdp = tmp_path / 'fsdp8'
+  if family in WORKFLOW_FAMILIES:
+    differences['fsdp8_to_data8'] = fsdp8_resumed_on_data8(translate_cli, family, data, reference,
+                                                           tmp_path / 'fsdp8')
+  with capsys.disabled():  # the figures the docs quote
+    print(f'\n{family}: largest relative loss difference after resume: ' +
+          ', '.join(f'{k} {v:.1e}' for k, v in differences.items()))
+
+
+def fsdp8_resumed_on_data8(translate_cli, family: str, data: str, reference, fsdp) -> float:
+  """3 steps on fsdp=8 (params and optimizer state split 8 ways) resumed on data=8 (replicated),
+  checked against `reference`. A fresh run, given the reference's tokenizer files: what is
+  compared here is the state on another mesh, not whether a tokenizer trained again comes out
+  the same (tests/test_bert_data.py)."""
   fsdp.mkdir()
   for name in os.listdir(reference):
     if name not in RUN_RECORDS and os.path.isfile(reference / name):
@@ -196,10 +225,7 @@ def test_resume_on_other_meshes_continues_the_same_batches(family, translate_cli
   run(translate_cli, family, data, fsdp, steps=3, devices=8, flags={'mesh.data': 1, 'mesh.fsdp': 8})
   run(translate_cli, family, data, fsdp, steps=6, devices=8)
   assert provenance(fsdp)[-1]['resumed_from']['mesh'] == {'data': 1, 'fsdp': 8, 'tensor': 1}
-  differences['fsdp8_to_data8'] = check_resumed_like_reference(reference, fsdp, 'fsdp8')
-  with capsys.disabled():  # the figures the docs quote
-    print(f'\n{family}: largest relative loss difference after resume: ' +
-          ', '.join(f'{k} {v:.1e}' for k, v in differences.items()))
+  return check_resumed_like_reference(reference, fsdp, 'fsdp8')
 
 
 def snapshot(folder) -> dict[str, str]:

@@ -15,12 +15,13 @@ from transformer_jax.workflows import experiment_kinds
 
 # The experiment of each shipped config, by the common config it starts from.
 EXPECTED = {
-    'albert_pretrain_small': experiment_kinds.ENCODER, 'bert_pretrain_small':
-        experiment_kinds.ENCODER, 'bert_pretrain_wikipedia': experiment_kinds.ENCODER,
-    'conll_tagging': experiment_kinds.ENCODER, 'glue_pairs': experiment_kinds.ENCODER,
-    'roberta_pretrain_small': experiment_kinds.ENCODER, 'sst2_albert': experiment_kinds.ENCODER,
-    'sst2_minilm': experiment_kinds.ENCODER, 'gpt2_shakespeare_bpe': experiment_kinds.LM,
-    'gpt2_small': experiment_kinds.LM, 'llama_shakespeare': experiment_kinds.LM,
+    'albert_pretrain_small': experiment_kinds.ENCODER,
+    'bert_pretrain_small': experiment_kinds.ENCODER,
+    'bert_pretrain_wikipedia': experiment_kinds.ENCODER, 'conll_tagging': experiment_kinds.ENCODER,
+    'glue_pairs': experiment_kinds.ENCODER, 'roberta_pretrain_small': experiment_kinds.ENCODER,
+    'sst2_albert': experiment_kinds.ENCODER, 'sst2_minilm': experiment_kinds.ENCODER,
+    'gpt2_shakespeare_bpe': experiment_kinds.LM, 'gpt2_small': experiment_kinds.LM,
+    'llama_shakespeare': experiment_kinds.LM, 'opt_shakespeare': experiment_kinds.LM,
     'shakespeare_char': experiment_kinds.LM, 'multi30k': experiment_kinds.TRANSLATION,
     't5_multi30k': experiment_kinds.TRANSLATION, 't5_span_corruption': experiment_kinds.TRANSLATION,
     'translate_quickstart': experiment_kinds.TRANSLATION, 'wmt14': experiment_kinds.TRANSLATION

@@ -125,10 +125,17 @@ def test_lookups_and_their_errors(tmp_path):
 def test_an_export_goes_to_the_family_that_claims_it():
   from transformer_jax.models.bert import albert_config, bert_config
   from transformer_jax.models.encoder_decoder import t5_config
-  from transformer_jax.models.gpt import gpt2_config, llama_config
+  from transformer_jax.models.gpt import gpt2_config, llama_config, opt_config
   tiny = dict(vocab_size=64, emb_dim=32, num_heads=2, mlp_dim=64, max_len=32)
   assert families.exporting(families.CAUSAL_LM, gpt2_config(**tiny)).name == 'gpt2'
   assert families.exporting(families.CAUSAL_LM, llama_config(**tiny)).name == 'llama'
+  # GPT-2 computes OPT's switches (GPT-2's with ReLU) too; a model built with them is an OPT. A
+  # ReLU model at a norm epsilon OPT lacks stays GPT-2's, which has the field.
+  assert families.exporting(families.CAUSAL_LM, opt_config(**tiny)).name == 'opt'
+  assert families.exporting(families.CAUSAL_LM, gpt2_config(**tiny,
+                                                            activation='relu')).name == 'opt'
+  assert families.exporting(families.CAUSAL_LM, opt_config(**tiny,
+                                                           norm_epsilon=1e-6)).name == 'gpt2'
   assert families.exporting(families.ENCODER, bert_config(**tiny)).name == 'bert'
   assert families.exporting(families.ENCODER, bert_config(**tiny),
                             byte_level=True).name == ('roberta')

@@ -82,7 +82,7 @@ def test_the_check_finds_a_missing_test():
 def test_a_hand_edit_of_the_table_is_rewritten():
   with open(table.DOC, encoding='utf-8') as f:
     text = f.read()
-  edited = text.replace('**untested**', 'works', 1)
+  edited = text.replace('| [1](#t1) |', '| works |', 1)  # a cell of the generated table
   assert edited != text
   assert table.rewritten(edited) == text
   with pytest.raises(ValueError, match='lacks the lines'):

@@ -3,7 +3,8 @@
 
 Streaming must give exactly the one-shot sampler's tokens for the same seed, greedy and sampled,
 through EOS and past the context (segments); a prompts-file batch must give each prompt what it
-gets alone.
+gets alone. The command line runs on a trained character workdir and on small random Hugging Face
+LLaMA and OPT folders (`--hf_dir`).
 """
 
 import io
@@ -13,7 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from test_lm_evaluate import _cli, _one_error_line, _snapshot, train_tiny_char_lm
+from test_lm_evaluate import (BPE_TEXT, _cli, _hf_causal_lm, _one_error_line, _snapshot,
+                              train_tiny_char_lm)
 
 from transformer_jax.data import lm as lm_data
 from transformer_jax.special_tokens import PAD_ID
@@ -92,6 +94,59 @@ def test_stream_equals_generate(char_lm, sampling):
   np.testing.assert_array_equal(np.concatenate(columns), first[0, :len(columns)])
 
 
+# What the command line generates from: the character workdir (--workdir; shakespeare_char.py's
+# model is GPT-2's architecture) or a Hugging Face folder of a causal family (--hf_dir).
+SOURCES = [
+    'char',
+    pytest.param('llama', marks=pytest.mark.parity),
+    pytest.param('opt', marks=pytest.mark.parity)
+]
+
+
+@pytest.fixture(scope='module')
+def hf_lms(tmp_path_factory):
+  """family -> (folder, task, tokenizer, params): a random causal LM of that family with a
+  24-token context (test_lm_evaluate._hf_causal_lm) and a byte-level BPE, saved by transformers
+  and imported here; built on first use."""
+  built = {}
+
+  def get(family):
+    if family not in built:
+      torch = pytest.importorskip('torch')
+      transformers = pytest.importorskip('transformers')
+      from transformer_jax.data.hf_tokenizer import HFTokenizer
+      from transformer_jax.workflows import lm
+      folder = tmp_path_factory.mktemp(family)
+      tokenizer = HFTokenizer.train_byte_level_bpe(BPE_TEXT.split('. '), 300)
+      torch.manual_seed(0)
+      model = _hf_causal_lm(transformers, family, tokenizer.eos_id)
+      with torch.no_grad():  # a random model's logits are near-uniform: make them vary
+        for p in model.parameters():
+          p.add_(0.1 * torch.randn_like(p))
+      model.eval().save_pretrained(str(folder), safe_serialization=True)
+      tokenizer.save(str(folder))
+      built[family] = (str(folder), *lm.load_hf_model(str(folder)))
+    return built[family]
+
+  return get
+
+
+@pytest.fixture
+def source(request, char_workdir, char_lm, hf_lms):
+  """(the flag naming the model, task, tokenizer, params) of the case `request.param`."""
+  if request.param == 'char':
+    return (f'--workdir={char_workdir}', *char_lm)
+  folder, task, tokenizer, params = hf_lms(request.param)
+  return (f'--hf_dir={folder}', task, tokenizer, params)
+
+
+def _one_shot(task, tokenizer, params, prompt, new, key, **sampling) -> list[int]:
+  """The ids `experiments.generate` continues `prompt` alone with, up to EOS."""
+  from experiments.generate import until_eos
+  ids = np.asarray([lm_data.prompt_ids(tokenizer, prompt)], np.int32)
+  return until_eos(task.generate(params, ids, new, key, **sampling)[0], task.eos_id)
+
+
 class _Recorder(io.StringIO):
   """stdout that counts its flushes."""
   flushes = 0
@@ -115,31 +170,43 @@ def test_stream_one_flushes_per_token_and_prints_the_one_shot_text(char_lm, monk
     assert recorder.flushes == 1 + 30 + 1  # the prompt, each token, the end
 
 
-def test_cli_stream_equals_one_shot(char_workdir):
-  before = _snapshot(char_workdir)
-  for sampling in (('--temperature=1.0', '--top_k=8', '--seed=4'),):  # greedy: in-process above
-    args = (f'--workdir={char_workdir}', '--prompt=the ', '--max_new_tokens=40', *sampling)
-    streamed = _cli('experiments.generate', *args)
-    one_shot = _cli('experiments.generate', *args, '--stream=false')
-    assert streamed.returncode == 0 and one_shot.returncode == 0, streamed.stderr[-3000:]
-    assert streamed.stdout == one_shot.stdout
-    assert streamed.stdout.startswith('the ') and len(streamed.stdout) == len('the ') + 40 + 1
-  assert _snapshot(char_workdir) == before
+@pytest.mark.slow
+@pytest.mark.parametrize('source', SOURCES, indirect=True)
+def test_cli_stream_equals_one_shot(source):
+  import jax
+  flag, task, tokenizer, params = source
+  directory = flag.split('=', 1)[1]
+  before = _snapshot(directory)
+  # Sampled (greedy: in-process above); seed 5 draws no EOS before the models' contexts end.
+  args = (flag, '--prompt=the ', '--max_new_tokens=40', '--temperature=1.0', '--top_k=8',
+          '--seed=5')
+  streamed = _cli('experiments.generate', *args)
+  one_shot = _cli('experiments.generate', *args, '--stream=false')
+  assert streamed.returncode == 0 and one_shot.returncode == 0, streamed.stderr[-3000:]
+  assert streamed.stdout == one_shot.stdout
+  ids = _one_shot(task, tokenizer, params, 'the ', 40, jax.random.key(5), temperature=1.0, top_k=8)
+  assert streamed.stdout == 'the ' + tokenizer.decode(ids) + '\n'
+  # Past the model's context (16 or 24 tokens): the stream went on in segments.
+  assert len(lm_data.prompt_ids(tokenizer, 'the ')) + len(ids) > task.cfg.max_len, ids
+  assert _snapshot(directory) == before
 
 
-def test_prompts_file_batch_equals_each_prompt_alone(char_workdir, char_lm, tmp_path):
-  """Prompts of lengths 4, 10, 4, 8, 1, 4 in batches of 4 (two batches, file order): greedy, each
-  line gets what its prompt gets alone; sampled, line i draws with fold_in(key(seed), i), so the
-  text does not depend on --batch_size."""
+@pytest.mark.slow
+@pytest.mark.parametrize('source', ['char', pytest.param('opt', marks=pytest.mark.parity)],
+                         indirect=True)  # GPT-2's and LLaMA's batches: test_ragged_generation.py
+def test_prompts_file_batch_equals_each_prompt_alone(source, tmp_path):
+  """Prompts of lengths 4, 10, 4, 8, 1, 4 characters in batches of 4 (two batches, file order):
+  greedy, each line gets what its prompt gets alone; sampled, line i draws with
+  fold_in(key(seed), i), so the text does not depend on --batch_size."""
   import jax
   prompts = ['the ', 'the quick ', 'fox ', 'the lazy', 'a', 'dog ']
   path = tmp_path / 'prompts.txt'
   path.write_text('\n'.join(prompts) + '\n')
-  task, tokenizer, params = char_lm
+  flag, task, tokenizer, params = source
 
   def run(*flags):
-    result = _cli('experiments.generate', f'--workdir={char_workdir}', f'--prompts_file={path}',
-                  '--max_new_tokens=24', '--output_format=jsonl', *flags)
+    result = _cli('experiments.generate', flag, f'--prompts_file={path}', '--max_new_tokens=24',
+                  '--output_format=jsonl', *flags)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'prompts 6/6' in result.stderr and 'ETA' in result.stderr  # progress per batch
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -147,8 +214,7 @@ def test_prompts_file_batch_equals_each_prompt_alone(char_workdir, char_lm, tmp_
     return [line['completion'] for line in lines]
 
   def alone(prompt, key, **sampling):
-    ids = np.asarray([tokenizer.encode(prompt)], np.int32)
-    return tokenizer.decode(task.generate(params, ids, 24, key, **sampling)[0])
+    return tokenizer.decode(_one_shot(task, tokenizer, params, prompt, 24, key, **sampling))
 
   greedy = run('--temperature=0', '--batch_size=4')
   assert greedy == [alone(p, jax.random.key(0), temperature=0.0) for p in prompts]
@@ -159,6 +225,7 @@ def test_prompts_file_batch_equals_each_prompt_alone(char_workdir, char_lm, tmp_
   assert sampled == [
       alone(p, jax.random.fold_in(key, i), temperature=1.0, top_k=8) for i, p in enumerate(prompts)
   ]
+  assert len(set(sampled)) == len(prompts)  # each line its own draws
 
 
 def test_generate_bad_inputs_are_one_line(char_workdir, tmp_path):

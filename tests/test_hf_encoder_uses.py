@@ -16,6 +16,7 @@ transformers = pytest.importorskip('transformers',
                                    reason='needs the parity extra: pip install -e ".[parity]"')
 
 from conftest import REPO_ROOT
+from hf_encoders import albert_tokenizer, perturbed
 from test_bert_predict import assert_fills_equal
 from test_hf_roberta_parity import roberta_tokenizer
 from test_roberta_data import tiny_sst2_finetune
@@ -34,20 +35,12 @@ SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, interme
 
 
 def _perturbed(model):
-  # transformers initialises biases to 0 and norms to 1, which would hide a mis-mapped one.
-  torch.manual_seed(1)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.3 * torch.randn_like(p))
-  return model.eval()
+  return perturbed(model, 0.3)
 
 
 def _albert_tokenizer():
   """ALBERT's unigram SentencePiece over WORDS (plus letters, so any word encodes)."""
-  special = ['<pad>', '<unk>', '[CLS]', '[SEP]', '[MASK]']
-  vocab = ([(t, 0.0) for t in special] + [('▁' + w, -1.0 - 0.1 * i) for i, w in enumerate(WORDS)] +
-           [('▁', -5.0)] + [(c, -8.0) for c in 'abcdefghijklmnopqrstuvwxyz'])
-  return transformers.AlbertTokenizer(vocab=vocab)
+  return albert_tokenizer(WORDS)
 
 
 def _save_masked_lm(name, directory):

@@ -15,31 +15,76 @@ import sys
 import pytest
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.models.bert import ALBERT_ARCHITECTURE, BERT_ARCHITECTURE, ROBERTA_ARCHITECTURE
+from transformer_jax.models.encoder_decoder import T5_V1_1_ARCHITECTURE
+from transformer_jax.models.gpt import GPT2_ARCHITECTURE, LLAMA_ARCHITECTURE
 from transformer_jax.planning import collectives, compile as planning, targets
 from transformer_jax.workflows import experiment_kinds
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+_LM = {
+    'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256, 'model.num_decoder_layers': 2,
+    'data.block_size': 64, 'data.batch_size': 8, 'model.attention_implementation': 'xla'
+}
+_BERT = {
+    'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256, 'model.num_encoder_layers': 2,
+    'data.max_len': 64, 'data.batch_size': 8, 'data.max_predictions': 8,
+    'tokenizer.vocab_size': 512, 'model.attention_implementation': 'xla',
+    'model.attention_dropout_rate': 0.0
+}
+_TRANSLATION = {
+    'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256, 'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1, 'data.max_len': 32, 'data.batch_tokens': 256,
+    'data.buckets': (32,), 'model.attention_implementation': 'xla'
+}
+# The three workflows, then the other model families they train at the same sizes: LLaMA with
+# grouped-query attention (8 query heads on 4 key/value heads, which mesh.tensor=4 splits), OPT
+# (GPT-2's switches with ReLU: convert/hf_opt.py), T5 v1.1 span corruption, RoBERTa (full
+# sentences, byte-level vocabulary) and ALBERT (a factorised embedding, one shared layer).
 TINY = {
-    'lm': ('experiments/configs/shakespeare_char.py', {
-        'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256,
-        'model.num_decoder_layers': 2, 'data.block_size': 64, 'data.batch_size': 8,
-        'model.attention_implementation': 'xla'
-    }),
-    'bert': ('experiments/configs/bert_pretrain_small.py', {
-        'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256,
-        'model.num_encoder_layers': 2, 'data.max_len': 64, 'data.batch_size': 8,
-        'data.max_predictions': 8, 'tokenizer.vocab_size': 512,
-        'model.attention_implementation': 'xla', 'model.attention_dropout_rate': 0.0
-    }),
-    'translation': ('experiments/configs/translate_quickstart.py', {
-        'model.emb_dim': 64, 'model.num_heads': 4, 'model.mlp_dim': 256,
-        'model.num_encoder_layers': 1, 'model.num_decoder_layers': 1, 'data.max_len': 32,
-        'data.batch_tokens': 256, 'data.buckets': (32,), 'model.attention_implementation': 'xla'
-    }),
+    'lm': ('experiments/configs/shakespeare_char.py', _LM),
+    'bert': ('experiments/configs/bert_pretrain_small.py', _BERT),
+    'translation': ('experiments/configs/translate_quickstart.py', _TRANSLATION),
+    'llama': ('experiments/configs/llama_shakespeare.py',
+              {**_LM, 'model.num_heads': 8, 'model.num_kv_heads': 4}),
+    'opt': ('experiments/configs/shakespeare_char.py', {**_LM, 'model.activation': 'relu'}),
+    't5': ('experiments/configs/t5_span_corruption.py',
+           {**_TRANSLATION, 'tokenizer.vocab_size': 400}),
+    'roberta': ('experiments/configs/roberta_pretrain_small.py', _BERT),
+    'albert':
+        ('experiments/configs/albert_pretrain_small.py', {**_BERT, 'model.embedding_size': 32}),
+}
+WORKFLOWS = ('lm', 'bert', 'translation')
+# The workflow planning each entry of TINY, and the switches its model must carry there.
+WORKFLOW = dict({w: w for w in WORKFLOWS}, llama='lm', opt='lm', t5='translation', roberta='bert',
+                albert='bert')
+ARCHITECTURE = {
+    'lm': GPT2_ARCHITECTURE,
+    'bert': BERT_ARCHITECTURE,
+    'translation': dict(norm_position='post', position='sinusoidal', activation='relu'),
+    'llama': dict(LLAMA_ARCHITECTURE, num_kv_heads=4),
+    'opt': dict(GPT2_ARCHITECTURE, activation='relu'),
+    't5': T5_V1_1_ARCHITECTURE,
+    'roberta': ROBERTA_ARCHITECTURE,
+    'albert': dict(ALBERT_ARCHITECTURE, embedding_size=32),
 }
 MESHES = {'data': {'data': 4}, 'fsdp': {'fsdp': 4}, 'tensor': {'tensor': 4}}
 GPU_MESHES = {'data': {'data': 8}, 'fsdp': {'fsdp': 8}, 'tensor': {'data': 2, 'tensor': 4}}
+
+# XLA:GPU compiles a tiny step in 20-50 s on 2 cores (XLA:TPU in 4-15): the three workflows
+# compile for a GPU under every mesh, the families beside them under data x tensor alone, which
+# splits their own parameters (over heads, key/value heads, MLP and vocabulary) and the batch.
+GPU_MESHES_OF = {
+    family: GPU_MESHES if family in WORKFLOWS else {'tensor': GPU_MESHES['tensor']}
+    for family in TINY
+}
+# On TPU likewise the families beside the three workflows skip the data mesh: its all-reduce of
+# gradients is the workflow's, whatever the family (saves ~1 min of the suite).
+MESHES_OF = {
+    family: MESHES if family in WORKFLOWS else {k: MESHES[k] for k in ('fsdp', 'tensor')}
+    for family in TINY
+}
 
 FIELDS = ('target', 'chip', 'device_kind', 'chips', 'topology', 'family', 'mesh', 'parameters',
           'batch', 'parameter_bytes', 'optimizer_state_bytes', 'batch_bytes', 'activation_bytes',
@@ -89,7 +134,18 @@ def assert_one_error(result, *expected: str):
   return errors[0]
 
 
-# Plans every case in one subprocess (one jax start-up for all of them).
+def tiny_task(family: str, **overrides):
+  """The abstract task of TINY[family] (with `overrides`, 'section.field': value)."""
+  from transformer_jax.cli import entrypoint
+  path, values = TINY[family]
+  config = entrypoint.load_config_file(path)
+  for key, value in dict(values, **overrides).items():
+    section, leaf = key.split('.')
+    config[section][leaf] = value
+  return experiment_kinds.of_config(config).abstract_task(config)[0]
+
+
+# Plans every case (one family's meshes) in one subprocess: one jax start-up for them all.
 _DRIVER = '''
 import json, sys
 from transformer_jax.planning import runtime
@@ -109,14 +165,14 @@ for case in json.loads(sys.argv[1]):
 '''
 
 
-def plan_every_family(target: str, meshes: dict, env: dict) -> dict[tuple[str, str], dict]:
-  """{(family, mesh name): plan} for the tiny GPT, BERT and translation steps on `target`."""
+def plan_family(family: str, target: str, meshes: dict, env: dict) -> dict[tuple[str, str], dict]:
+  """{(family, mesh name): plan} for the tiny step of `family` on `target` under `meshes`."""
+  path, overrides = TINY[family]
   cases = []
-  for family, (path, overrides) in TINY.items():
-    for mesh_name, mesh in meshes.items():
-      values = dict(overrides, **{f'mesh.{axis}': 1 for axis in ('data', 'fsdp', 'tensor')})
-      values.update({f'mesh.{axis}': size for axis, size in mesh.items()})
-      cases.append(dict(name=f'{family}/{mesh_name}', config=path, overrides=values, target=target))
+  for mesh_name, mesh in meshes.items():
+    values = dict(overrides, **{f'mesh.{axis}': 1 for axis in ('data', 'fsdp', 'tensor')})
+    values.update({f'mesh.{axis}': size for axis, size in mesh.items()})
+    cases.append(dict(name=f'{family}/{mesh_name}', config=path, overrides=values, target=target))
   result = subprocess.run(
       [sys.executable, '-c', _DRIVER, json.dumps(cases)], cwd=REPO_ROOT, env=env,
       capture_output=True, text=True, timeout=900, check=False)
@@ -125,16 +181,31 @@ def plan_every_family(target: str, meshes: dict, env: dict) -> dict[tuple[str, s
   return {tuple(p['case'].split('/')): p for p in plans}
 
 
+class FamilyPlans(dict):
+  """{(family, mesh name): plan} on one target, a family's meshes (`meshes_of[family]`) planned
+  in one subprocess when the first of them is read: a test of one family compiles it alone."""
+
+  def __init__(self, target: str, meshes_of: dict, env: dict):
+    super().__init__()
+    self.target, self.meshes_of, self.env = target, meshes_of, env
+
+  def __missing__(self, key):
+    family = key[0]
+    self.update(plan_family(family, self.target, self.meshes_of[family], self.env))
+    return self[key]
+
+
 @pytest.fixture(scope='module')
-def tiny_plans(tpu_runtime) -> dict[tuple[str, str], dict]:
+def tiny_plans(tpu_runtime) -> FamilyPlans:
   """The tiny steps on tpu-v5e-4 under data, fsdp and tensor meshes of 4."""
-  return plan_every_family('tpu-v5e-4', MESHES, planner_env(tpu_runtime))
+  return FamilyPlans('tpu-v5e-4', MESHES_OF, planner_env(tpu_runtime))
 
 
 @pytest.fixture(scope='module')
-def tiny_gpu_plans(gpu_runtime) -> dict[tuple[str, str], dict]:
-  """The tiny steps on gpu-h100-8 under data, fsdp and data x tensor meshes of 8."""
-  return plan_every_family('gpu-h100-8', GPU_MESHES, planner_env(gpu_runtime=gpu_runtime))
+def tiny_gpu_plans(gpu_runtime) -> FamilyPlans:
+  """The tiny steps on gpu-h100-8 under data, fsdp and data x tensor meshes of 8 (the families
+  beside the three workflows: data x tensor alone, `GPU_MESHES_OF`)."""
+  return FamilyPlans('gpu-h100-8', GPU_MESHES_OF, planner_env(gpu_runtime=gpu_runtime))
 
 
 # -- without compiling ----------------------------------------------------------------------------
@@ -191,6 +262,26 @@ def test_the_compilers_are_named_with_the_line_that_installs_them(monkeypatch, t
   monkeypatch.setattr(runtime, 'cuda_plugin_installed', lambda: False)
   with pytest.raises(ConfigError, match=r'needs XLA:GPU.*pip install -e "\.\[gpu-plan\]"'):
     runtime.require('gpu')
+
+
+def test_key_value_heads_the_tensor_axis_cannot_split_are_one_error_line():
+  """LLaMA's 2 key/value heads over mesh.tensor=4: one line naming the array and the field, before
+  anything is placed (jax's own error is an IndivisibleError traceback); 4 heads split."""
+  import jax
+  from transformer_jax.parallel import sharding
+
+  def params(**overrides):
+    task = tiny_task('llama', **overrides)
+    return jax.eval_shape(lambda rng: task.init_variables(rng)['params'], jax.random.key(0))
+
+  two_kv_heads = params(**{'model.num_kv_heads': 2})
+  with pytest.raises(ConfigError) as error:
+    sharding.check_splits(two_kv_heads, {'data': 1, 'fsdp': 1, 'tensor': 4})
+  assert str(error.value).startswith(
+      "mesh.tensor = 4 cannot split stack/layer_0/self_attention/key/kernel [64, 2, 8]: its "
+      "'kv_heads' dimension (model.num_kv_heads) is 2, not a multiple of 4")
+  sharding.check_splits(two_kv_heads, {'data': 1, 'fsdp': 1, 'tensor': 2})
+  sharding.check_splits(params(), {'data': 1, 'fsdp': 4, 'tensor': 4})
 
 
 def test_cudnn_attention_is_refused_in_float32():
@@ -295,7 +386,8 @@ def test_collectives_are_read_from_tpu_hlo_text():
 
 @pytest.mark.parametrize('family', list(TINY))
 def test_abstract_task_reads_nothing(family):
-  """Each workflow's task and batch come from the config alone (no corpus, no tokenizer)."""
+  """Each workflow's task and batch come from the config alone (no corpus, no tokenizer), with
+  the family's own model."""
   from transformer_jax.cli import entrypoint
   path, overrides = TINY[family]
   config = entrypoint.load_config_file(path)
@@ -303,9 +395,11 @@ def test_abstract_task_reads_nothing(family):
     section, leaf = key.split('.')
     config[section][leaf] = value
   experiment = experiment_kinds.of_config(config)
-  assert experiment.workflow_name == family
+  assert experiment.workflow_name == WORKFLOW[family]
   task, batch = experiment.abstract_task(config, num_devices=4)
   assert task.cfg.emb_dim == 64 and batch['inputs'].dtype == 'int32'
+  switches = ARCHITECTURE[family]
+  assert {k: getattr(task.cfg, k) for k in switches} == switches
   rows = batch['inputs'].shape[0]
   assert all(v.shape[0] == rows for v in batch.values()) and rows % 4 == 0
 
@@ -394,26 +488,27 @@ def test_activations_too_big_for_hbm_are_refused(tpu_runtime):
                    'mesh.fsdp')
 
 
-# -- the three families under data, fsdp and tensor meshes ----------------------------------------
+# -- every family under data, fsdp and tensor meshes ----------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('family', list(TINY))
 def test_every_family_compiles_under_each_mesh(tiny_plans, family):
-  for mesh_name, mesh in MESHES.items():
+  for mesh_name, mesh in MESHES_OF[family].items():
     plan = tiny_plans[(family, mesh_name)]
-    assert plan['family'] == family and plan['device_kind'] == 'TPU v5 lite'
+    assert plan['family'] == WORKFLOW[family] and plan['device_kind'] == 'TPU v5 lite'
     assert {k: v for k, v in plan['mesh'].items() if v > 1} == mesh
     assert plan['fits'] and plan['peak_bytes'] > 0 and plan['flops_per_device'] > 0
     assert set(FIELDS) <= set(plan)
   # data parallelism reduces gradients; fsdp gathers weights and scatters gradients
-  assert tiny_plans[(family, 'data')]['collectives']['all-reduce']['count'] >= 1
+  if 'data' in MESHES_OF[family]:
+    assert tiny_plans[(family, 'data')]['collectives']['all-reduce']['count'] >= 1
   fsdp = tiny_plans[(family, 'fsdp')]['collectives']
   assert fsdp['all-gather']['count'] >= 1 and fsdp.get('reduce-scatter', {}).get('count', 0) >= 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('family', list(TINY))
+@pytest.mark.parametrize('family', WORKFLOWS)
 def test_bytes_per_device_fall_with_fsdp(tiny_plans, family):
   data, fsdp = tiny_plans[(family, 'data')], tiny_plans[(family, 'fsdp')]
   assert fsdp['parameter_bytes'] < 0.3 * data['parameter_bytes']
@@ -465,30 +560,22 @@ def test_a_gpu_step_too_big_for_jax_memory_pool_is_refused(gpu_runtime):
 @pytest.mark.slow
 @pytest.mark.parametrize('family', list(TINY))
 def test_every_family_compiles_for_a_gpu_under_each_mesh(tiny_gpu_plans, family):
-  for mesh_name, mesh in GPU_MESHES.items():
-    plan = tiny_gpu_plans[(family, mesh_name)]
-    assert plan['family'] == family and plan['device_kind'] == 'NVIDIA H100 80GB HBM3'
-    assert {k: v for k, v in plan['mesh'].items() if v > 1} == mesh
+  plans = {name: tiny_gpu_plans[(family, name)] for name in GPU_MESHES_OF[family]}
+  for mesh_name, plan in plans.items():
+    assert plan['family'] == WORKFLOW[family]
+    assert plan['device_kind'] == 'NVIDIA H100 80GB HBM3'
+    assert {k: v for k, v in plan['mesh'].items() if v > 1} == GPU_MESHES[mesh_name]
     assert plan['fits'] and plan['peak_bytes'] > 0 and plan['flops_per_device'] > 0
     assert set(FIELDS) <= set(plan)
-  assert tiny_gpu_plans[(family, 'data')]['collectives']['all-reduce']['count'] >= 1
-  fsdp = tiny_gpu_plans[(family, 'fsdp')]['collectives']
-  assert fsdp['all-gather']['count'] >= 1 and fsdp.get('reduce-scatter', {}).get('count', 0) >= 1
-  data = tiny_gpu_plans[(family, 'data')]
-  assert tiny_gpu_plans[(family, 'fsdp')]['parameter_bytes'] < 0.2 * data['parameter_bytes']
+    if 'data' in GPU_MESHES[mesh_name]:  # data parallelism reduces gradients
+      assert plan['collectives']['all-reduce']['count'] >= 1
+  if 'fsdp' in plans:
+    fsdp = plans['fsdp']['collectives']
+    assert fsdp['all-gather']['count'] >= 1 and fsdp.get('reduce-scatter', {}).get('count', 0) >= 1
+    assert plans['fsdp']['parameter_bytes'] < 0.2 * plans['data']['parameter_bytes']
 
 
 # -- the decode step of a language model (--decode_batch, --decode_length) ------------------------
-
-
-def tiny_lm_task():
-  from transformer_jax.cli import entrypoint
-  path, overrides = TINY['lm']
-  config = entrypoint.load_config_file(path)
-  for key, value in overrides.items():
-    section, leaf = key.split('.')
-    config[section][leaf] = value
-  return experiment_kinds.of_config(config).abstract_task(config)[0]
 
 
 def placed(cache, shardings):
@@ -524,7 +611,7 @@ def test_the_lm_cache_bytes_are_the_analytic_count():
   """The tiny GPT's own cache (2 layers, 4 kv heads of 16, float32), shapes only: no compiler."""
   import jax
   from transformer_jax.planning import decode
-  task = tiny_lm_task()
+  task = tiny_task('lm')
   cache = jax.eval_shape(lambda: task._empty_cache(8, 32))
   mesh = jax.sharding.AbstractMesh((4, 1, 2), ('data', 'fsdp', 'tensor'))
   shardings, split = decode.cache_shardings(cache, mesh)

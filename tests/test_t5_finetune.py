@@ -276,7 +276,8 @@ def test_finetunes_a_hugging_face_t5(hf_t5_dir, corpus, tmp_path, fit_calls, tra
       'config.json', 'tokenizer.json', 'tokenizer_config.json'
   ]
   saved = load_saved_config(workdir)
-  assert saved.model.vocab_size == 264 and saved.tokenizer.vocab_size == 260
+  assert saved.model.vocab_size == 264  # 250 pieces + the tokenizer's own 10 sentinels
+  assert (saved.tokenizer.vocab_size, saved.tokenizer.num_sentinels) == (250, 10)
   assert saved.model.emb_dim == 32 and saved.model.activation == 'relu'  # not t5_multi30k's
   model = translation.restore_for_inference(saved, workdir)
   sentences = ['A dog runs on the beach.', 'Two men are playing football in a park.']
@@ -347,7 +348,8 @@ T5_CONFIG = dict(model_type='t5', vocab_size=64, d_model=32, d_kv=16, num_heads=
     ('missing_hf_dir', 'does not exist'),
     ('not_t5_hf_dir', "is not a T5: config.json has model_type='bert'"),
     ('tokenizer_too_large', 'has 67 ids but the model\'s embedding has 64 rows'),
-    ('span_corruption', "need data.task='translation'"),
+    ('span_corruption_prepared', 'brings its own tokenizer, but data.prepared='),
+    ('span_corruption_workdir', 'span corruption continues from a Hugging Face T5'),
 ])
 def test_bad_init_is_one_line_before_anything_is_written(case, expected, tmp_path):
   config = finetune_config('unused')
@@ -366,9 +368,12 @@ def test_bad_init_is_one_line_before_anything_is_written(case, expected, tmp_pat
   elif case == 'tokenizer_too_large':  # checked before any weight is read (there are none)
     config.init.hf_dir = write_hf_config(tmp_path / 't5', **T5_CONFIG)
     word_level_tokenizer_json(config.init.hf_dir, 64)
-  elif case == 'span_corruption':
-    config.data.update(dict(task='span_corruption', text_path='never_read.txt', source_prefix=''))
+  elif case == 'span_corruption_prepared':  # continued pretraining reads text, not ids
+    config.data.update(dict(task='span_corruption', prepared='never_read', source_prefix=''))
     config.init.hf_dir = str(tmp_path)
+  elif case == 'span_corruption_workdir':
+    config.data.update(dict(task='span_corruption', text_path='never_read.txt', source_prefix=''))
+    config.init.workdir = str(tmp_path)
   message = one_line_error(config, tmp_path / 'work')
   print(message)
   assert expected in message

@@ -51,7 +51,7 @@ USES = (
         (CAUSAL, ENCODER, SEQ2SEQ), hf_only=True,
         why_not='the original Transformer has no Hugging Face class'),
     Use(
-        'export', 'export', '`experiments.export --workdir=W --out=DIR` (OPT: its `exporters()`)',
+        'export', 'export', '`experiments.export --workdir=W --out=DIR`',
         (CAUSAL, ENCODER, SEQ2SEQ), hf_only=True,
         why_not='the original Transformer has no Hugging Face class: its export is one error '
         'line naming the switch'),
@@ -97,6 +97,9 @@ USES = (
 TESTS = {
     ('train', 'gpt2'):
         'tests/test_hf_tokenizer.py::test_gpt2_shakespeare_bpe_trains',
+    ('train', 'opt'):
+        'tests/test_opt_train.py::'
+        'test_opt_shakespeare_trains_from_the_command_line_and_exports_as_opt',
     ('train', 'llama'):
         'tests/test_llama_config.py::test_shrunk_config_trains_on_tiny_shakespeare',
     ('train', 't5'):
@@ -153,10 +156,39 @@ TESTS = {
     ('classify', 'albert'):
         'tests/test_hf_encoder_uses.py::'
         'test_albert_fine_tunes_from_an_hf_folder_and_predicts_from_its_workdir',
+    ('continue', 'gpt2'):
+        'tests/test_lm_continue_pretraining.py::'
+        'test_continued_pretraining_starts_from_the_import_and_exports[gpt2]',
+    ('continue', 'llama'):
+        'tests/test_lm_continue_pretraining.py::'
+        'test_continued_pretraining_starts_from_the_import_and_exports[llama]',
+    ('continue', 'opt'):
+        'tests/test_lm_continue_pretraining.py::'
+        'test_continued_pretraining_starts_from_the_import_and_exports[opt]',
+    ('continue', 'bert'):
+        'tests/test_continue_pretraining.py::'
+        'test_encoder_pretraining_continues_from_an_hf_folder[bert]',
+    ('continue', 'albert'):
+        'tests/test_continue_pretraining.py::'
+        'test_encoder_pretraining_continues_from_an_hf_folder[albert]',
+    ('continue', 'roberta'):
+        'tests/test_continue_pretraining.py::'
+        'test_encoder_pretraining_continues_from_an_hf_folder[roberta]',
+    ('continue', 't5'):
+        'tests/test_continue_pretraining.py::'
+        'test_t5_span_corruption_continues_from_an_hf_folder',
     ('pairs', 'bert'):
-        'tests/test_bert_pairs.py::test_pair_model_learns_sameness',
+        'tests/test_bert_pairs.py::test_pair_model_learns_sameness[bert]',
+    ('pairs', 'roberta'):
+        'tests/test_bert_pairs.py::test_pair_model_learns_sameness[roberta]',
+    ('pairs', 'albert'):
+        'tests/test_bert_pairs.py::test_pair_model_learns_sameness[albert]',
     ('tagging', 'bert'):
-        'tests/test_token_classification.py::test_tagger_learns_number_words',
+        'tests/test_token_classification.py::test_tagger_learns_number_words[bert]',
+    ('tagging', 'roberta'):
+        'tests/test_token_classification.py::test_tagger_learns_number_words[roberta]',
+    ('tagging', 'albert'):
+        'tests/test_token_classification.py::test_tagger_learns_number_words[albert]',
     ('fill_mask', 'bert'):
         'tests/test_bert_predict.py::test_fill_mask_matches_transformers_pipeline',
     ('fill_mask', 'roberta'):
@@ -198,7 +230,14 @@ TESTS = {
         '[llama]',
     # shakespeare_char.py's model is GPT-2's architecture (experiments/configs/lm_common.py).
     ('streamed', 'gpt2'):
-        'tests/test_generate_stream.py::test_cli_stream_equals_one_shot',
+        'tests/test_generate_stream.py::test_cli_stream_equals_one_shot[char]',
+    ('streamed', 'llama'):
+        'tests/test_generate_stream.py::test_cli_stream_equals_one_shot[llama]',
+    ('streamed', 'opt'):
+        'tests/test_generate_stream.py::test_cli_stream_equals_one_shot[opt]',
+    ('batched', 'opt'):
+        'tests/test_generate_stream.py::'
+        'test_prompts_file_batch_equals_each_prompt_alone[opt]',
     ('perplexity', 'gpt2'):
         'tests/test_lm_evaluate.py::'
         'test_hf_bits_per_byte_matches_transformers_logits[gpt2]',
@@ -217,6 +256,16 @@ TESTS = {
         'tests/test_plan.py::test_every_family_compiles_under_each_mesh[lm]',
     ('plan', 'bert'):
         'tests/test_plan.py::test_every_family_compiles_under_each_mesh[bert]',
+    ('plan', 'llama'):
+        'tests/test_plan.py::test_every_family_compiles_under_each_mesh[llama]',
+    ('plan', 'opt'):
+        'tests/test_plan.py::test_every_family_compiles_under_each_mesh[opt]',
+    ('plan', 't5'):
+        'tests/test_plan.py::test_every_family_compiles_under_each_mesh[t5]',
+    ('plan', 'roberta'):
+        'tests/test_plan.py::test_every_family_compiles_under_each_mesh[roberta]',
+    ('plan', 'albert'):
+        'tests/test_plan.py::test_every_family_compiles_under_each_mesh[albert]',
     ('plan', ORIGINAL):
         'tests/test_plan.py::test_every_family_compiles_under_each_mesh[translation]',
     ('resume', 'gpt2'):
@@ -224,6 +273,18 @@ TESTS = {
         'test_resume_on_other_meshes_continues_the_same_batches[gpt]',
     ('resume', 't5'):
         'tests/test_corpus_t5.py::test_eight_devices_fsdp_resumed_on_four',
+    ('resume', 'llama'):
+        'tests/test_elastic_resume.py::'
+        'test_resume_on_other_meshes_continues_the_same_batches[llama]',
+    ('resume', 'opt'):
+        'tests/test_elastic_resume.py::'
+        'test_resume_on_other_meshes_continues_the_same_batches[opt]',
+    ('resume', 'roberta'):
+        'tests/test_elastic_resume.py::'
+        'test_resume_on_other_meshes_continues_the_same_batches[roberta]',
+    ('resume', 'albert'):
+        'tests/test_elastic_resume.py::'
+        'test_resume_on_other_meshes_continues_the_same_batches[albert]',
     ('resume', 'bert'):
         'tests/test_elastic_resume.py::'
         'test_resume_on_other_meshes_continues_the_same_batches[bert]',
@@ -233,13 +294,7 @@ TESTS = {
 }
 
 # Applicable cells that are not built at all (rather than built and untested), with the reason.
-NOT_BUILT = {
-    ('train', 'opt'): "no config trains OPT: its switches are GPT-2's with ReLU, and a GPT trained "
-                      'here exports as GPT-2',
-    ('continue', 'gpt2'): 'experiments.lm has no init section',
-    ('continue', 'llama'): 'experiments.lm has no init section',
-    ('continue', 'opt'): 'experiments.lm has no init section',
-}
+NOT_BUILT: dict[tuple[str, str], str] = {}
 
 
 def columns() -> list[tuple[str, str, str]]:
@@ -291,10 +346,12 @@ def render() -> str:
   tested = sum(state == 'test' for state in status.values())
   untested = sum(state == 'untested' for state in status.values())
   applicable = sum(state != 'n/a' for state in status.values())
+  not_built = applicable - tested - untested
+  are = lambda n: f'{n} is' if n == 1 else f'{n} are'
   lines += [
-      '', f'{tested} of the {applicable} cells that apply run in the suite; {untested} are '
-      'untested (no test runs them; they may not work) and '
-      f'{applicable - tested - untested} are not built. A dash: the use does not apply:', ''
+      '', f'{tested} of the {applicable} cells that apply run in the suite; {are(untested)} '
+      f'untested (no test runs them; they may not work) and {are(not_built)} not built. A dash: '
+      'the use does not apply:', ''
   ]
   lines += [f'- {use.title}: {use.why_not}.' for use in USES if use.why_not]
   lines += [f'- not built, {use}, {name}: {why}.' for (use, name), why in NOT_BUILT.items()]

@@ -26,6 +26,11 @@ REMAT_POLICIES = ('none', 'nothing_saveable', 'dots_saveable', 'dots_with_no_bat
 # How dense kernels are stored: [in, out] (training, checkpoints) or [out, in] (PyTorch's Linear;
 # a decoding loop of many rows on XLA:CPU reads it faster, layers/dense.py).
 KERNEL_LAYOUTS = ('in_out', 'out_in')
+# Fields that change how a model trains or runs, not its parameters: a run that starts from a
+# pretrained model (an import, a workdir) takes these from its own config.model and every other
+# field from the pretrained model (`model_section`).
+RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype', 'param_dtype', 'matmul_dtype',
+                  'remat_policy', 'scan_layers', 'attention_implementation')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +181,21 @@ def model_config_from_dict(values: dict, **overrides) -> TransformerConfig:
   values = dict(values)
   values.update(overrides)
   return TransformerConfig(**_typed(values))
+
+
+def model_section(cfg: TransformerConfig, runtime=None, leave_out=()) -> dict:
+  """A config.model section describing `cfg` (every field but `decode` and `leave_out`, dtypes by
+  name), whose RUNTIME_FIELDS are those `runtime` (a config.model section) sets: the model section
+  a run starting from a pretrained model saves, so that its workdir is read without that model."""
+  values = {
+      f.name: getattr(cfg, f.name)
+      for f in dataclasses.fields(cfg)
+      if f.name not in ('decode',) + tuple(leave_out)
+  }
+  values.update(dtype=jnp.dtype(cfg.dtype).name, param_dtype=jnp.dtype(cfg.param_dtype).name,
+                matmul_dtype=jnp.dtype(cfg.matmul_dtype).name if cfg.matmul_dtype else 'none')
+  values.update({k: runtime[k] for k in RUNTIME_FIELDS if runtime and k in runtime})
+  return values
 
 
 def with_overrides(cfg: TransformerConfig, section) -> TransformerConfig:

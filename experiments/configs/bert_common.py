@@ -69,6 +69,12 @@ def pretrain_config() -> ml_collections.ConfigDict:
            matmul_dtype='auto', param_dtype='float32', remat_policy='none', scan_layers=False,
            attention_implementation='auto'))
 
+  # Continue pretraining a Hugging Face BERT, ALBERT or RoBERTa folder (its tokenizer saved
+  # beside it): its config.json replaces config.model (dropout, dtypes, remat and attention stay
+  # this config's), its tokenizer the trained one, its weights the params at step 0
+  # (transformer_jax/workflows/bert_continue.py). '' = from scratch.
+  config.init = ml_collections.ConfigDict({'hf_dir': ''})
+
   _bert_adamw(config, learning_rate=1e-4, warmup_steps=10_000, decay_steps=1_000_000)
   config.train.num_steps = 1_000_000
   config.train.eval_every = 10_000

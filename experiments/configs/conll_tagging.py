@@ -1,4 +1,5 @@
-r"""Fine-tune a BERT tagger (one label per word) on CoNLL-style files, e.g. CoNLL-2003 NER.
+r"""Fine-tune a BERT, RoBERTa or ALBERT tagger (one label per word) on CoNLL-style files, e.g.
+CoNLL-2003 NER.
 
   python -m experiments.bert --config=experiments/configs/conll_tagging.py --workdir=/tmp/ner \
       --config.init.hf_dir=/path/to/bert-base-cased \
@@ -8,9 +9,10 @@ r"""Fine-tune a BERT tagger (one label per word) on CoNLL-style files, e.g. CoNL
 
 Files: word and tag per line (the tag is the last column, so CoNLL-2003's `word POS chunk NER`
 lines work as they are), a blank line between sentences, -DOCSTART- lines skipped. Each word's
-label sits on its first WordPiece sub-word; the others are left out of the loss. Reports token
-accuracy (`eval accuracy`) and the accuracy per tag at every evaluation. Three epochs of
-CoNLL-2003's 14k sentences at batch 32 (~1,320 steps), lr 5e-5, 10% warmup, linear decay.
+label sits on its first sub-word (each word split as it reads inside a sentence: RoBERTa's after
+a space); the others are left out of the loss. Reports token accuracy (`eval accuracy`) and the
+accuracy per tag at every evaluation. Three epochs of CoNLL-2003's 14k sentences at batch 32
+(~1,320 steps), lr 5e-5, 10% warmup, linear decay.
 """
 
 from experiments.configs.bert_common import finetune_config

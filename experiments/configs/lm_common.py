@@ -49,6 +49,13 @@ def lm_config() -> ml_collections.ConfigDict:
            param_dtype='float32', remat_policy='none', scan_layers=False,
            attention_implementation='auto'))
 
+  # Continue pretraining a Hugging Face causal LM (GPT-2, LLaMA, OPT: a folder with config.json,
+  # weights and tokenizer; workflows/lm_init.py) instead of training from scratch: its config
+  # replaces the model section (config.model keeps only dropout, dtypes and memory switches), its
+  # tokenizer tokenizes data.* (tokenizer.* is not trained) and its weights are step 0.
+  config.init = ml_collections.ConfigDict()
+  config.init.hf_dir = ''
+
   # Samples written at every evaluation (fixed prompt and seed, so steps compare).
   config.eval = ml_collections.ConfigDict()
   config.eval.sample_prompt = '\n'

@@ -11,8 +11,8 @@ trained workdir with each workflow's own functions and calls these):
       (one token per character), SentencePiece as tokenizer.json (converted the way
       `transformers` converts it) plus the original tokenizer.model (T5's sentinels on top as
       '<extra_id_i>'), WordPiece as vocab.txt (BertTokenizer, the same lowercasing), a
-      byte-level BPE (`data/hf_tokenizer.HFTokenizer`, RoBERTa's `RobertaTokenizer`) as its own
-      saved files;
+      byte-level BPE (`data/hf_tokenizer.HFTokenizer`, RoBERTa's `RobertaTokenizer`) or an
+      imported ALBERT's `AlbertTokenizer` as its own saved files;
   write_hf_directory(out_dir, hf_config, state_dict, tokenizer_writer): float32
       model.safetensors, config.json and the tokenizer files, written into a temporary
       sibling directory renamed into place: an error leaves nothing behind, and an existing
@@ -268,6 +268,12 @@ def roberta_tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
                         lambda directory: tokenizer.save(directory, max_len))
 
 
+def albert_tokenizer_files(tokenizer) -> TokenizerFiles:
+  """A `data/albert_tokenizer.AlbertTokenizer` (an imported ALBERT's SentencePiece
+  tokenizer.json): its own `save`, which transformers' AutoTokenizer reads with the same ids."""
+  return TokenizerFiles(tokenizer.vocab_size, {'pad_token_id': tokenizer.pad_id}, tokenizer.save)
+
+
 def hf_tokenizer_files(tokenizer) -> TokenizerFiles:
   """A `data/hf_tokenizer.HFTokenizer` (e.g. a workdir's byte-level BPE): its own `save`."""
   ids = {
@@ -280,12 +286,14 @@ def hf_tokenizer_files(tokenizer) -> TokenizerFiles:
 def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   """The files of any tokenizer of this package, by its class: `data/lm.CharTokenizer`,
   `data/tokenizer.Tokenizer` (SentencePiece), `data/wordpiece.WordPieceTokenizer`,
-  `data/hf_tokenizer.HFTokenizer` or `data/roberta_tokenizer.RobertaTokenizer`.
+  `data/hf_tokenizer.HFTokenizer`, `data/roberta_tokenizer.RobertaTokenizer` or
+  `data/albert_tokenizer.AlbertTokenizer`.
 
   A tokenizer with `num_sentinels` ids on top of its `base` (data/span_corruption's
   SentinelTokenizer, a T5 workflow's tokenizer) is its base's files plus T5's '<extra_id_i>'
   tokens; only a SentencePiece base can take them. Anything else: one ConfigError naming it.
   """
+  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
   from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
   from transformer_jax.data.hf_tokenizer import HFTokenizer
   from transformer_jax.data.lm import CharTokenizer
@@ -299,7 +307,8 @@ def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   writers = ((CharTokenizer, lambda t: char_tokenizer_files(t, max_len)),
              (WordPieceTokenizer, lambda t: wordpiece_tokenizer_files(t, max_len)),
              (HFTokenizer, hf_tokenizer_files), (RobertaTokenizer,
-                                                 lambda t: roberta_tokenizer_files(t, max_len)))
+                                                 lambda t: roberta_tokenizer_files(t, max_len)),
+             (AlbertTokenizer, albert_tokenizer_files))
   for kind, writer in writers:
     if isinstance(base, kind) and not sentinels:
       return writer(base)

@@ -258,9 +258,11 @@ def exporters(heads: dict | None = None, special_ids: dict | None = None):
 
 def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
   """Whether an export of the causal LM `cfg` is GPT-2's: any without rotary positions, RMSNorm
-  or a gated MLP (those are LLaMA's); the exporter refuses the switches GPT-2 lacks."""
-  del byte_level
-  return not (cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu')
+  or a gated MLP (those are LLaMA's), but for OPT's architecture (GPT-2's switches with ReLU),
+  which OPT claims: a model built as an OPT exports as one. The exporter refuses the switches
+  GPT-2 lacks."""
+  llama = cfg.position == 'rotary' or cfg.norm_type == 'rmsnorm' or cfg.activation == 'swiglu'
+  return not llama and not families.named('opt').converter.claims(cfg, byte_level)
 
 
 # families.py's converter interface: our config of a config.json dict.

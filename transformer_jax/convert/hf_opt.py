@@ -27,7 +27,7 @@ from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder
                                                 params_from_table, state_from_table)
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.models.gpt import gpt2_config
+from transformer_jax.models.gpt import OPT_ARCHITECTURE, opt_config
 
 _PREFIX = 'model.decoder.'
 _HEAD = 'lm_head.weight'
@@ -69,7 +69,7 @@ def opt_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Transformer
   except KeyError as e:
     raise ConfigError(f'config.json lacks {e.args[0]!r}, needed for an OPT model') from None
   values.update(overrides)
-  return gpt2_config(**values)
+  return opt_config(**values)
 
 
 def _check_opt_expressible(cfg: TransformerConfig) -> None:
@@ -160,10 +160,18 @@ def exporters(heads: dict | None = None, special_ids: dict | None = None):
 
 
 def claims(cfg: TransformerConfig, byte_level: bool = False) -> bool:
-  """Never: a trained GPT with learned positions is exported as GPT-2, which computes it too
-  (`families.named('opt').exporters()` writes it as OPT on request)."""
-  del cfg, byte_level
-  return False
+  """Whether an export of the causal LM `cfg` is OPT's: OPT's architecture (models/gpt.py
+  OPT_ARCHITECTURE, GPT-2's switches with ReLU: what `load` gives and
+  experiments/configs/opt_shakespeare.py trains) at the norm epsilon OPT has. GPT-2 computes
+  such a model too; hf_gpt2.claims leaves it to OPT, so a model built as an OPT exports as one."""
+  del byte_level
+  if cfg.activation != OPT_ARCHITECTURE['activation']:
+    return False
+  try:
+    _check_opt_expressible(cfg)
+  except ConfigError:
+    return False
+  return True
 
 
 config_from_hf = opt_config_from_hf

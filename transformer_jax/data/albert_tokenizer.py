@@ -72,6 +72,11 @@ class AlbertTokenizer:
   def encode_batch(self, texts) -> list[list[int]]:
     return self.hf.encode_batch(list(texts))
 
+  def encode_words(self, words) -> list[list[int]]:
+    """Each word's ids as inside a sentence: SentencePiece marks the start of every word (▁),
+    so a word encodes alike alone."""
+    return self.encode_batch(words)
+
   def encode_pair(self, first: str, second: str | None = None,
                   max_len: int | None = None) -> tuple[list[int], list[int]]:
     b = self.encode(second) if second is not None else None

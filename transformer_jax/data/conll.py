@@ -4,10 +4,12 @@ A CoNLL file has one word per line with its tag in the LAST whitespace-separated
 has `word POS chunk NER`; a two-column `word tag` file works the same), a blank line between
 sentences, and `-DOCSTART-` lines between documents, which are skipped.
 
-WordPiece splits a word into sub-words; as in BERT's tagging recipe (Devlin et al. 2019, 5.3) the
-word's label goes on its FIRST sub-word and the others get IGNORE (-100), which the batches turn
-into weight 0, so they count neither in the loss nor in the accuracy. [CLS] and [SEP] are
-ignored too. Sentences longer than max_len sub-words are truncated (the count is reported).
+The tokenizer (WordPiece, ALBERT's SentencePiece or RoBERTa's byte-level BPE) splits a word into
+sub-words, each word as it reads inside a sentence (`encode_words`); as in BERT's tagging recipe
+(Devlin et al. 2019, 5.3) the word's label goes on its FIRST sub-word and the others get IGNORE
+(-100), which the batches turn into weight 0, so they count neither in the loss nor in the
+accuracy. [CLS] and [SEP] are ignored too. Sentences longer than max_len sub-words are truncated
+(the count is reported).
 
 Batches are {'inputs', 'segments', 'labels': int32[B, L], 'weights': float32[B, L]} (labels 0
 where the weight is 0); L is the smallest length bucket that fits the batch's longest row, as in
@@ -97,11 +99,12 @@ class Encoded:
 
 def encode_sentences(tokenizer, sentences: list[Sentence], label_names: list[str],
                      max_len: int) -> Encoded:
-  """Each word tokenised on its own (so sub-words never cross words); a word that encodes to
-  nothing (e.g. a control character) becomes [UNK], so every word keeps its label."""
+  """Each word tokenised on its own (so sub-words never cross words) as it reads inside a sentence
+  (`tokenizer.encode_words`); a word that encodes to nothing (e.g. a control character) becomes
+  [UNK], so every word keeps its label."""
   label_id = {t: i for i, t in enumerate(label_names)}
   vocabulary = sorted({w for s in sentences for w in s.words})
-  pieces = dict(zip(vocabulary, tokenizer.encode_batch(vocabulary)))
+  pieces = dict(zip(vocabulary, tokenizer.encode_words(vocabulary)))
   out = Encoded([], [])
   budget = max_len - 2
   for s in sentences:

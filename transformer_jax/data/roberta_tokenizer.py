@@ -144,6 +144,12 @@ class RobertaTokenizer:
   def encode_batch(self, texts) -> list[list[int]]:
     return [self.from_hf(ids) for ids in self.hf.encode_batch(list(texts))]
 
+  def encode_words(self, words) -> list[list[int]]:
+    """Each word's ids as after a space inside a sentence: byte-level BPE spells a word's leading
+    space into its first piece ('Ġword'), which the word alone would lack (transformers'
+    `add_prefix_space=True` for words given one by one)."""
+    return self.encode_batch([' ' + word for word in words])
+
   def encode_pair(self, first: str, second: str | None = None,
                   max_len: int | None = None) -> tuple[list[int], list[int]]:
     """(<s> a </s> (</s> b </s>), segment ids (all 0)), the longer side trimmed to fit."""

@@ -40,6 +40,17 @@ class HFT5Tokenizer:
   def vocab_size(self) -> int:
     return self.base.vocab_size + self.num_sentinels
 
+  @property
+  def sentinels(self) -> int:
+    """How many T5 sentinels the vocabulary ends with ('<extra_id_i>' at id vocab_size - 1 - i):
+    those on top of a bare spiece.model, or those a tokenizer.json lists there."""
+    if self.num_sentinels or not hasattr(self.base, 'token_to_id'):  # a bare spiece.model
+      return self.num_sentinels
+    count = 0
+    while self.base.token_to_id(f'<extra_id_{count}>') == self.vocab_size - 1 - count:
+      count += 1
+    return count
+
   def encode(self, text: str) -> list[int]:
     """Ids of `text` ('<extra_id_i>' as sentinel i), no EOS: the batcher appends it."""
     return self._encoder.encode(text)

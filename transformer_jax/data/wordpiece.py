@@ -91,6 +91,10 @@ class WordPieceTokenizer:
     """Many texts at once (parallel in Rust)."""
     return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
+  def encode_words(self, words: list[str]) -> list[list[int]]:
+    """Each word's ids as inside a sentence (WordPiece reads every word alike)."""
+    return self.encode_batch(words)
+
   def encode_pair(self, first: str, second: str | None = None,
                   max_len: int | None = None) -> tuple[list[int], list[int]]:
     """([CLS] a [SEP] (b [SEP]), segment ids), the longer side trimmed to fit `max_len`."""

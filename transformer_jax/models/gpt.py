@@ -5,9 +5,10 @@
 
 No encoder and no cross-attention: the same `TransformerStack` as the translation decoder with
 `cross_attention=False`. By config it is GPT-2 (learned positions, Pre-LayerNorm, GELU, tied
-embeddings, biases) or LLaMA-style (rotary positions, RMSNorm, SwiGLU, grouped-query attention,
-no biases): see `gpt2_config` and `llama_config`, and their switches GPT2_ARCHITECTURE and
-LLAMA_ARCHITECTURE. convert/hf_gpt2.py and convert/hf_llama.py map both to Hugging Face's models.
+embeddings, biases), OPT (GPT-2's with ReLU) or LLaMA-style (rotary positions, RMSNorm, SwiGLU,
+grouped-query attention, no biases): see `gpt2_config`, `opt_config` and `llama_config`, and their
+switches GPT2_ARCHITECTURE, OPT_ARCHITECTURE and LLAMA_ARCHITECTURE. convert/hf_gpt2.py,
+convert/hf_opt.py and convert/hf_llama.py map them to Hugging Face's models.
 """
 
 import flax.linen as nn
@@ -30,6 +31,15 @@ GPT2_ARCHITECTURE = dict(norm_type='layernorm', norm_position='pre', norm_epsilo
 GPT2_SMALL = dict(vocab_size=50257, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
                   num_decoder_layers=12, max_len=1024, dropout_rate=0.1, attention_dropout_rate=0.1)
 
+# OPT's architecture (Zhang et al. 2022), whatever its size: GPT-2's switches with ReLU in the
+# MLP. Its checkpoints' position table starts two rows late, a layout convert/hf_opt.py handles,
+# not a switch. The OPT importer gives these switches and
+# experiments/configs/opt_shakespeare.py trains them; a model with them exports as OPT.
+OPT_ARCHITECTURE = dict(GPT2_ARCHITECTURE, activation='relu')
+# OPT-125m's sizes, the default of `opt_config`.
+OPT_125M = dict(vocab_size=50272, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=0,
+                num_decoder_layers=12, max_len=2048, dropout_rate=0.1, attention_dropout_rate=0.0)
+
 # LLaMA's architecture (Touvron et al. 2023), whatever its size: rotary positions (rotate-half,
 # base 10000), Pre-RMSNorm, SwiGLU, no biases, an untied output projection, unscaled embeddings,
 # N(0, 0.02) init. Sizes, grouped-query heads and dropout are each config's own. Experiment
@@ -48,6 +58,11 @@ LLAMA_SMALL = dict(vocab_size=32000, emb_dim=512, num_heads=8, num_kv_heads=2, m
 def gpt2_config(**overrides) -> TransformerConfig:
   """GPT-2 small (124M) by default; override sizes for smaller models."""
   return TransformerConfig(**{**GPT2_SMALL, **GPT2_ARCHITECTURE, **overrides})
+
+
+def opt_config(**overrides) -> TransformerConfig:
+  """OPT-125m by default; override sizes for smaller models."""
+  return TransformerConfig(**{**OPT_125M, **OPT_ARCHITECTURE, **overrides})
 
 
 def llama_config(**overrides) -> TransformerConfig:

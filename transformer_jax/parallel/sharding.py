@@ -82,11 +82,48 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+# The config field that sizes a logically named dimension, for the error naming it.
+_SIZED_BY = {
+    'embed': 'model.emb_dim',
+    'heads': 'model.num_heads',
+    'kv_heads': 'model.num_kv_heads',
+    'mlp': 'model.mlp_dim',
+    'vocab': 'the vocabulary size',
+}
+
+
+def check_splits(boxed_abstract_tree, mesh_sizes: dict, rules=LOGICAL_AXIS_RULES) -> None:
+  """One ConfigError naming the first array of `boxed_abstract_tree` (logically named boxes) that
+  `mesh_sizes` ({axis: size}) cannot split evenly, e.g. 2 key/value heads over mesh.tensor=4
+  (jax's own error is an IndivisibleError traceback where the array is first placed)."""
+
+  def check(path, box):
+    if not isinstance(box, nn.LogicallyPartitioned):
+      return
+    shape = box.value.shape
+    for size, name, axes in zip(shape, box.names, nn.logical_to_mesh_axes(box.names, rules)):
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      ways = math.prod(mesh_sizes.get(axis, 1) for axis in axes)
+      if size % ways:
+        mesh_axes = ' x '.join(f'mesh.{axis}' for axis in axes)
+        what = f'{name!r} dimension' + (f' ({_SIZED_BY[name]})' if name in _SIZED_BY else '')
+        array = jax.tree_util.keystr(path, simple=True, separator='/')
+        change = f' or change {_SIZED_BY[name]}' if name in _SIZED_BY else ''
+        raise ConfigError(f'{mesh_axes} = {ways} cannot split {array} {list(shape)}: its {what} '
+                          f'is {size}, not a multiple of {ways}; make {mesh_axes} a divisor of '
+                          f'{size}{change}')
+
+  jax.tree_util.tree_map_with_path(check, boxed_abstract_tree,
+                                   is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
 def tree_shardings(mesh: Mesh, boxed_abstract_tree, rules=LOGICAL_AXIS_RULES):
   """NamedShardings for a pytree whose leaves are (abstract) `nn.LogicallyPartitioned` boxes.
 
-  Leaves without logical names (step counters, optimizer counts) are replicated.
+  Leaves without logical names (step counters, optimizer counts) are replicated. An array the
+  mesh cannot split evenly is one ConfigError (`check_splits`).
   """
+  check_splits(boxed_abstract_tree, dict(mesh.shape), rules)
   specs = nn.get_partition_spec(boxed_abstract_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 

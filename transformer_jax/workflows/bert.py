@@ -4,6 +4,8 @@
 work is done by one module per concept, whose public names this one re-exports for them:
   bert_sections.py     the typed config sections (data, tokenizer, init), read once per run;
   bert_pretraining.py  pretraining (config.mode='pretrain'): documents, tokenizer, batches;
+  bert_continue.py     continued pretraining of a Hugging Face encoder (a pretraining config's
+                       init.hf_dir): its model, tokenizer and params at step 0;
   bert_init.py         the pretrained model fine-tuning starts from (init.hf_dir: an encoder
                        family of convert/families.py, or init.bert_workdir: a pretraining
                        workdir of ours) and the tokenizer its workdir keeps;

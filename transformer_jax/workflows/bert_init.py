@@ -1,7 +1,8 @@
 """The pretrained model BERT-family fine-tuning starts from (config.init): a Hugging Face
 encoder directory (init.hf_dir: a family of convert/families.py whose tokenizer is read here)
 or a pretraining workdir of ours (init.bert_workdir), with config.model's overrides of its
-config; and the tokenizer a fine-tuning workdir keeps of it.
+config; and the tokenizer a fine-tuning workdir keeps of it (written by
+bert_pretraining.save_tokenizer, read back by `finetune_tokenizer`).
 
 Sentence classification (workflows/bert_finetuning.py) and token classification
 (workflows/token_classification.py) both start here. Functions taking `config` take the
@@ -11,41 +12,15 @@ ml_collections config or its bert_sections.FineTuning.
 import json
 import os
 
-import flax
-import jax
-import numpy as np
-from absl import logging
-
 from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import with_overrides
-from transformer_jax.workflows.bert_pretraining import (TOKENIZER_DIR, VOCAB_FILE,
-                                                        pretrain_model_config, restore_pretrained)
+# overlay_params and save_tokenizer: what fine-tuning does with what it starts from, named here
+# for the fine-tuning workflows (bert_finetuning.py, token_classification.py).
+from transformer_jax.workflows.bert_pretraining import (  # noqa: F401
+    TOKENIZER_DIR, VOCAB_FILE, pretrain_model_config, restore_pretrained, save_tokenizer)
+from transformer_jax.workflows.params_overlay import overlay_params  # noqa: F401
 from transformer_jax.workflows.bert_sections import FineTuning, Pretraining
-
-
-def overlay_params(state, pretrained: dict):
-  """`state` with its params replaced by `pretrained` wherever that names one (each leaf put
-  on the device(s) of the leaf it replaces). Heads the model lacks are dropped; any other
-  unknown or mis-shaped parameter is a ConfigError naming it."""
-  target = flax.traverse_util.flatten_dict(state.params)
-  heads = ('mlm_transform', 'mlm_norm', 'mlm_bias', 'sentence_head', 'classifier',
-           'token_classifier')
-  replaced = 0
-  for path, value in flax.traverse_util.flatten_dict(pretrained).items():
-    name = '/'.join(path)
-    if path not in target:
-      if path[0] in heads:
-        continue
-      raise ConfigError(f'pretrained parameter {name} has no place in the model')
-    if tuple(np.shape(value)) != tuple(target[path].shape):
-      raise ConfigError(f'pretrained parameter {name} has shape {tuple(np.shape(value))} but the '
-                        f'model has {tuple(target[path].shape)}')
-    target[path] = jax.device_put(np.asarray(value, target[path].dtype), target[path].sharding)
-    replaced += 1
-  logging.info('initialised %d of %d parameter arrays from the pretrained model', replaced,
-               len(target))
-  return state.replace(params=flax.traverse_util.unflatten_dict(target))
 
 
 def hf_family(hf_dir: str):
@@ -84,7 +59,13 @@ def init_model_config(config):
     return with_overrides(cfg, run.model), types
   if init.bert_workdir:
     saved = Pretraining.of(load_saved_config(init.bert_workdir))
-    if saved.tokenizer.type == 'byte_bpe':
+    if saved.tokenizer.type == 'sentencepiece':  # continued from an imported ALBERT
+      from transformer_jax.data import albert_tokenizer
+      tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
+      if not albert_tokenizer.is_saved_here(tokenizer_dir):
+        raise ConfigError(f'no ALBERT tokenizer in {tokenizer_dir}: pretrain first')
+      vocab_size = albert_tokenizer.AlbertTokenizer.from_dir(tokenizer_dir).vocab_size
+    elif saved.tokenizer.type == 'byte_bpe':
       from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
       tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
       if not os.path.isfile(os.path.join(tokenizer_dir, 'tokenizer.json')):
@@ -122,17 +103,6 @@ def load_init(config):
   raise ConfigError('fine-tuning needs a pretrained model: set --config.init.hf_dir=DIR (a '
                     'Hugging Face BERT or RoBERTa directory) or --config.init.bert_workdir=DIR (a '
                     'pretraining workdir)')
-
-
-def save_tokenizer(tokenizer, workdir: str) -> None:
-  """The fine-tuning workdir's copy of its tokenizer: WORKDIR/vocab.txt (WordPiece) or
-  WORKDIR/tokenizer/ (RoBERTa's byte-level BPE or ALBERT's SentencePiece, HF files)."""
-  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
-  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-  if isinstance(tokenizer, (RobertaTokenizer, AlbertTokenizer)):
-    tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
-  else:
-    tokenizer.save(os.path.join(workdir, VOCAB_FILE))
 
 
 def finetune_tokenizer(config, workdir: str):

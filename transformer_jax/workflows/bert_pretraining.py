@@ -19,6 +19,10 @@ RoBERTa's 1). data.pack=True packs several complete examples into each row, with
 reads one [CLS] per row; 'full_sentences' then keeps every example inside one document,
 RoBERTa's DOC-SENTENCES without the padding).
 
+init.hf_dir continues the pretraining of a Hugging Face BERT, ALBERT or RoBERTa instead: its
+model, its tokenizer (copied into the workdir, never trained) and, at step 0, its params
+(workflows/bert_continue.py).
+
 Functions taking `config` take the ml_collections config or its bert_sections.Pretraining.
 """
 
@@ -32,6 +36,7 @@ from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import load_saved_config, save_config
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.workflows import bert_continue
 from transformer_jax.workflows.bert_sections import Pretraining
 
 VOCAB_FILE = 'vocab.txt'
@@ -133,7 +138,9 @@ def segment_types(config) -> int:
 
 def pretrain_tokenizer(config, workdir: str, train_documents=None):
   """tokenizer.type 'wordpiece': tokenizer.vocab_file if set, else WORKDIR/vocab.txt;
-  'byte_bpe': WORKDIR/tokenizer/ (RoBERTa's byte-level BPE). Trained on the first run."""
+  'byte_bpe': WORKDIR/tokenizer/ (RoBERTa's byte-level BPE). Trained on the first run, unless
+  the run continues an import (init.hf_dir), whose tokenizer is copied there first; ALBERT's
+  ('sentencepiece', WORKDIR/tokenizer/) only comes so."""
   t = Pretraining.of(config).tokenizer
 
   def texts():
@@ -141,6 +148,13 @@ def pretrain_tokenizer(config, workdir: str, train_documents=None):
       raise ConfigError(f'no tokenizer in {workdir}: pretrain first')
     return (line for doc in train_documents for line in doc)
 
+  if t.type == 'sentencepiece':
+    from transformer_jax.data import albert_tokenizer
+    directory = os.path.join(workdir, TOKENIZER_DIR)
+    if not albert_tokenizer.is_saved_here(directory):
+      raise ConfigError(f'no ALBERT tokenizer in {directory}: a run continuing an import copies '
+                        'it there before its first step; rerun its training command')
+    return albert_tokenizer.AlbertTokenizer.from_dir(directory)
   if t.type == 'byte_bpe':
     from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
     return RobertaTokenizer.load_or_train(os.path.join(workdir, TOKENIZER_DIR), texts, t.vocab_size)
@@ -151,6 +165,19 @@ def pretrain_tokenizer(config, workdir: str, train_documents=None):
                                           lowercase=t.lowercase)
 
 
+def save_tokenizer(tokenizer, workdir: str) -> None:
+  """The workdir's copy of a tokenizer it did not train (an import's, or that of the model a
+  fine-tuning run starts from), where `pretrain_tokenizer` and fine-tuning read theirs:
+  WORKDIR/vocab.txt (WordPiece) or WORKDIR/tokenizer/ (RoBERTa's byte-level BPE or ALBERT's
+  SentencePiece, HF files)."""
+  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
+  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+  if isinstance(tokenizer, (RobertaTokenizer, AlbertTokenizer)):
+    tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
+  else:
+    tokenizer.save(os.path.join(workdir, VOCAB_FILE))
+
+
 def model_sentence_task(data_task: str) -> str:
   """The `BertPretrainTask` sentence task of a data.sentence_task: the task knows only whether
   a 2-way sentence head is trained ('nsp'/'sop') or none ('none'); both single-segment inputs
@@ -159,8 +186,12 @@ def model_sentence_task(data_task: str) -> str:
 
 
 def pretrain_model_config(config, vocab_size: int):
-  return model_config_from_dict(
-      Pretraining.of(config).model, vocab_size=vocab_size, num_decoder_layers=0)
+  """The model for a tokenizer of `vocab_size` ids, or, continuing an import (init.hf_dir, its
+  config in config.model), the import's: its embedding may have rows the tokenizer lacks."""
+  run = Pretraining.of(config)
+  if run.init.hf_dir and 'vocab_size' in run.model:
+    vocab_size = int(run.model['vocab_size'])
+  return model_config_from_dict(run.model, vocab_size=vocab_size, num_decoder_layers=0)
 
 
 def pretrain_task(config, cfg, eval_batches=()):
@@ -189,12 +220,16 @@ def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
 
 
 def validate_pretrain(config) -> Pretraining:
-  """Every check of a pretraining run, before anything is read or written; the config read."""
+  """Every check of a pretraining run, before anything is read or written; the config read
+  (one continuing an import: once rewritten by bert_continue.continued_config)."""
   run = Pretraining.of(config)
   cfg = pretrain_model_config(run, run.tokenizer.vocab_size)
   if run.data.max_len > cfg.max_len:
     raise ConfigError(f'data.max_len={run.data.max_len} exceeds model.max_len={cfg.max_len} '
                       '(the position table)')
+  if run.tokenizer.vocab_size > cfg.vocab_size:
+    raise ConfigError(f'the tokenizer has {run.tokenizer.vocab_size} ids but the model\'s '
+                      f'embedding has {cfg.vocab_size} rows')
   validation.check_training(run.config, run.data.batch_size)
   return run
 
@@ -233,8 +268,10 @@ def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
 
 
 def pretrain(config, workdir: str) -> dict:
-  """Pretrains (or resumes) to train.num_steps; returns the trainer's final metrics."""
-  run = validate_pretrain(config)
+  """Pretrains (or resumes) to train.num_steps, from scratch or continuing an import
+  (init.hf_dir: workflows/bert_continue.py); returns the trainer's final metrics."""
+  run, imported = bert_continue.continued_config(config, workdir)  # the folder read, if any
+  run = validate_pretrain(run)
   if run.data.source == 'prepared':
     corpus = open_prepared(run)
     train_docs, valid_docs = prepared_documents(corpus, held_out=run.data.eval_batches > 0)
@@ -244,6 +281,8 @@ def pretrain(config, workdir: str) -> dict:
   else:
     train_docs, valid_docs = load_documents(run)
     os.makedirs(workdir, exist_ok=True)
+    if imported is not None:  # continuing an import: its tokenizer, never trained here
+      save_tokenizer(imported.tokenizer, workdir)
     tokenizer = pretrain_tokenizer(run, workdir, train_docs)
   train_data, valid_batches = make_pretrain_data(run, tokenizer, train_docs, valid_docs)
   task, trainer, _ = build_pretrain(run, workdir, tokenizer, valid_batches)
@@ -251,7 +290,10 @@ def pretrain(config, workdir: str) -> dict:
   logging.info('documents: %d train (%d lines), %d held out (%d lines); vocabulary %d',
                len(train_docs), _lines(train_docs), len(valid_docs), _lines(valid_docs),
                tokenizer.vocab_size)
-  results = trainer.fit(train_data, lambda: iter(valid_batches))
+  state = None  # the trainer's own: a checkpoint's, or fresh
+  if run.init.hf_dir:
+    state = bert_continue.start_state(trainer, train_data, run, imported)
+  results = trainer.fit(train_data, lambda: iter(valid_batches), state=state)
   results['params'] = trainer.num_params()
   trainer.close()
   return results
@@ -274,8 +316,9 @@ def restore_pretrained(workdir: str):
 
 def abstract_pretrain(config):
   """(task, {key: jax.ShapeDtypeStruct}) of one global pretraining batch: the model has
-  tokenizer.vocab_size entries (no vocabulary is read or trained)."""
-  run = Pretraining.of(config)
+  tokenizer.vocab_size entries (no vocabulary is read or trained), or continuing an import,
+  the one its config.json describes (no weights read)."""
+  run = bert_continue.planned_config(config)  # init.hf_dir: its config.json's model
   rows, length = run.data.batch_size, run.data.max_len
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
   cfg = pretrain_model_config(run, run.tokenizer.vocab_size)

@@ -15,14 +15,15 @@ config or data.num_labels in a pretraining one without a word, and its nearest-k
 name keys the run never reads. Per kind, a key of another kind is refused with the keys of the
 kind being run.
 
-Around the data record: `Pretraining` (data, tokenizer) and `FineTuning` (data, init), each an
-`Experiment` that also holds config.model, the seed and the config it was read from (`.config`,
-for what takes the whole config: the Trainer and the workdir's config.json). Required fields are
-the keys every config of the kind has; the others default to what configs written before them
-meant (data.pack False, data.type_vocab_size 2, tokenizer.type 'wordpiece', ...), so a workdir's
-saved config reads as it was written. The BERT configs have no eval section. The workflows'
-functions take the ml_collections config or its record (`Pretraining.of(record)` is the record),
-so a run reads its config once at its entry and passes the record down.
+Around the data record: `Pretraining` (data, tokenizer, init) and `FineTuning` (data, init),
+each an `Experiment` that also holds config.model, the seed and the config it was read from
+(`.config`, for what takes the whole config: the Trainer and the workdir's config.json). Required
+fields are the keys every config of the kind has; the others default to what configs written
+before them meant (data.pack False, data.type_vocab_size 2, tokenizer.type 'wordpiece', no
+init, ...), so a workdir's saved config reads as it was written. The BERT configs have no eval
+section. The workflows' functions take the ml_collections config or its record
+(`Pretraining.of(record)` is the record), so a run reads its config once at its entry and passes
+the record down.
 """
 
 import abc
@@ -30,9 +31,11 @@ import dataclasses
 import typing
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.sections import Section, value_of
+from transformer_jax.sections import Section, section_of, value_of
 
-TOKENIZER_TYPES = ('wordpiece', 'byte_bpe')
+# 'sentencepiece': ALBERT's unigram tokenizer.json, never trained here: an imported ALBERT's
+# (init.hf_dir), which continued pretraining copies into WORKDIR/tokenizer/.
+TOKENIZER_TYPES = ('wordpiece', 'byte_bpe', 'sentencepiece')
 TRAIN_MODES = ('pretrain', 'finetune')
 MODES = TRAIN_MODES + ('predict', 'evaluate', 'fill_mask')
 TAGGING_TASK = 'token_classification'  # data.task of a tagging config
@@ -54,8 +57,9 @@ def _refuse_packed_finetuning(pack: bool):
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer(Section):
-  """`tokenizer.*` of pretraining: WordPiece (vocab_file, or trained into WORKDIR/vocab.txt) or
-  RoBERTa's byte-level BPE (trained into WORKDIR/tokenizer/)."""
+  """`tokenizer.*` of pretraining: WordPiece (vocab_file, or trained into WORKDIR/vocab.txt),
+  RoBERTa's byte-level BPE (trained into WORKDIR/tokenizer/), or, continuing an import, its
+  tokenizer as one of those or ALBERT's SentencePiece (WORKDIR/tokenizer/)."""
   vocab_size: int
   type: str = 'wordpiece'
   vocab_file: str = ''  # wordpiece: a BERT vocab.txt; '' = train on the corpus
@@ -179,6 +183,13 @@ class TaggingData(Rows):
 
 
 @dataclasses.dataclass(frozen=True)
+class PretrainInit(Section):
+  """`init.*` of pretraining: a Hugging Face encoder to continue pretraining
+  (workflows/bert_continue.py); '' (and configs written before it) trains from scratch."""
+  hf_dir: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
 class Init(Section):
   """`init.*`: the pretrained model fine-tuning starts from (one of the two is set)."""
   hf_dir: str  # a Hugging Face encoder directory (convert/families.py)
@@ -211,25 +222,41 @@ class Experiment(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class Pretraining(Experiment):
-  """A pretraining config: data and tokenizer; config.model is the model to build."""
+  """A pretraining config: data, tokenizer and init; config.model is the model to build (once
+  workflows/bert_continue.py rewrote a config with init.hf_dir, the imported one)."""
   data: PretrainData
   tokenizer: Tokenizer
+  init: PretrainInit
 
   @classmethod
   def sections(cls, config) -> dict:
     data = PretrainData.of(_section(config, 'data'), 'data')
     tokenizer = Tokenizer.of(_section(config, 'tokenizer'), 'tokenizer')
-    # WordPiece pairs give segment B the id 1; RoBERTa's tokenizer gives every token segment 0.
+    init = section_of(config, 'init', PretrainInit)
+    # WordPiece and ALBERT pairs give segment B the id 1; RoBERTa's gives every token segment 0.
     from transformer_jax.data.bert_pretrain import PAIR_TASKS
     task, types = data.sentence_task, data.type_vocab_size
-    if task in PAIR_TASKS and types < 2 and tokenizer.type == 'wordpiece':
-      raise ConfigError(f"data.sentence_task={task!r} with WordPiece gives sentence B segment "
+    if task in PAIR_TASKS and types < 2 and tokenizer.type != 'byte_bpe':
+      name = 'WordPiece' if tokenizer.type == 'wordpiece' else 'SentencePiece'
+      raise ConfigError(f"data.sentence_task={task!r} with {name} gives sentence B segment "
                         f'id 1: data.type_vocab_size must be 2, got {types}')
     if data.source == 'prepared' and tokenizer.vocab_file:
       raise ConfigError(f'tokenizer.vocab_file={tokenizer.vocab_file!r} is not read with '
                         "data.source='prepared': the corpus's ids come from its own tokenizer "
                         "(prepare it with --tokenizer_from=VOCAB); set tokenizer.vocab_file=''")
-    return {'data': data, 'tokenizer': tokenizer}
+    if init.hf_dir and data.source == 'prepared':
+      raise ConfigError(f'init.hf_dir={init.hf_dir} brings its own tokenizer, but '
+                        f'data.prepared={data.prepared} holds ids of another: continue pretraining '
+                        "from text (data.source 'files' or 'tfds')")
+    if init.hf_dir and tokenizer.vocab_file:
+      raise ConfigError(f'tokenizer.vocab_file={tokenizer.vocab_file!r} is not read with '
+                        f'init.hf_dir={init.hf_dir}: the imported model\'s tokenizer is the '
+                        "run's; set tokenizer.vocab_file=''")
+    if tokenizer.type == 'sentencepiece' and not init.hf_dir:
+      raise ConfigError("tokenizer.type='sentencepiece' is ALBERT's tokenizer of an import, never "
+                        "trained here: set init.hf_dir to an ALBERT folder, or tokenizer.type "
+                        "'wordpiece'")
+    return {'data': data, 'tokenizer': tokenizer, 'init': init}
 
 
 @dataclasses.dataclass(frozen=True)

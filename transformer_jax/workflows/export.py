@@ -13,6 +13,7 @@ written). convert/export.py knows the Hugging Face side. The family follows from
 before any weight is read:
 
   experiments.lm, GPT-2's switches (learned positions, Pre-LN, biases)  -> gpt2  (GPT2LMHeadModel)
+  experiments.lm, OPT's: GPT-2's with ReLU (opt_shakespeare.py)         -> opt   (OPTForCausalLM)
   experiments.lm, rotary positions / RMSNorm / SwiGLU                   -> llama (LlamaForCausalLM)
   experiments.bert (pretraining or fine-tuning), by its heads: ...ForPreTraining, ...ForMaskedLM
   or ...ForSequenceClassification of

@@ -16,10 +16,14 @@ A 'file' or 'tfds' corpus is prepared the same way into WORKDIR/corpus on the fi
 shards, each process reading only the windows of its own rows (transformer_jax/corpus/).
 Tokenizers (config.tokenizer.type): 'char' (sorted distinct characters of the training
 text, saved as tokenizer.json), 'sentencepiece' (spm.model, trained on the training
-text; documents joined with EOS) or 'byte_bpe' (GPT-2's byte-level BPE with
+text; documents joined with EOS), 'byte_bpe' (GPT-2's byte-level BPE with
 tokenizer.vocab_size tokens, trained on the training text and saved as the Hugging Face
 folder tokenizer/, which transformers.AutoTokenizer reads; documents joined with
-'<|endoftext|>', as GPT-2's were).
+'<|endoftext|>', as GPT-2's were) or 'hf' (a Hugging Face folder's, taken as it is: an imported
+model's, documents joined with its EOS).
+Continued pretraining (config.init.hf_dir, workflows/lm_init.py): a Hugging Face causal LM's
+config.json replaces the model section, its tokenizer tokenizes the text ('hf') and its weights
+are the params at step 0.
 Packing (config.data.pack=True): every training and evaluation window also carries
 'inputs_segment_ids' and 'inputs_positions' from its EOS ids (data/lm.py), so no token attends
 to another document and positions restart at each one. It needs documents joined with EOS, i.e.
@@ -43,7 +47,7 @@ from transformer_jax.corpus.reader import PreparedCorpus
 from transformer_jax.data import lm as lm_data
 from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError, DataError, UserError
-from transformer_jax.workflows import experiment_kinds
+from transformer_jax.workflows import experiment_kinds, lm_init
 from transformer_jax.workflows.lm_sections import Data, LmSections, Tokenizer
 
 CHAR_VOCAB_FILE = 'tokenizer.json'
@@ -54,14 +58,17 @@ CORPUS_DIR = 'corpus'  # a 'file' or 'tfds' source, prepared on the first run
 # -- data ---------------------------------------------------------------------------------------
 
 
-def _preparation(sections: LmSections, workdir: str) -> prepare.Options:
-  """How a 'file' or 'tfds' source becomes WORKDIR/corpus: the workdir's tokenizer when it has
-  one (a resumed run keeps its ids), else one trained on the training text."""
+def _preparation(sections: LmSections, workdir: str, tokenizer_from: str = '') -> prepare.Options:
+  """How a 'file' or 'tfds' source becomes WORKDIR/corpus: the tokenizer at `tokenizer_from` (an
+  imported model's), else the workdir's when it has one (a resumed run keeps its ids), else one
+  trained on the training text."""
   data, tok = sections.data, sections.tokenizer
   char = tok.type == 'char'
+  if not tokenizer_from and os.path.exists(_tokenizer_path(tok, workdir)):
+    tokenizer_from = workdir
   common = dict(tokenizer=tok.type, unit='documents', vocab_size=tok.vocab_size,
                 model_type=tok.model_type, max_sentences=tok.max_sentences,
-                tokenizer_from=workdir if os.path.exists(_tokenizer_path(tok, workdir)) else '')
+                tokenizer_from=tokenizer_from)
   if data.source == 'file':
     if not data.path:
       raise DataError('data.path is empty: pass --config.data.path=FILE (a UTF-8 text file)')
@@ -82,8 +89,9 @@ def _tokenizer_path(tokenizer: Tokenizer, workdir: str) -> str:
   return os.path.join(workdir, corpus_tokenizers.FILE_NAMES[tokenizer.type])
 
 
-def prepared_corpus(sections: LmSections, workdir: str) -> PreparedCorpus:
-  """The run's prepared corpus, with its tokenizer in the workdir.
+def prepared_corpus(sections: LmSections, workdir: str, tokenizer_from: str = '') -> PreparedCorpus:
+  """The run's prepared corpus, with its tokenizer in the workdir (`tokenizer_from`: the
+  tokenizer folder a corpus prepared now takes, as `_preparation` says).
 
   data.source='prepared': the folder data.prepared. 'file' and 'tfds': WORKDIR/corpus, prepared
   on the first run (a small file in this process, in seconds); a later run, or a resume, finds it
@@ -97,7 +105,7 @@ def prepared_corpus(sections: LmSections, workdir: str) -> PreparedCorpus:
     root = os.path.join(workdir, CORPUS_DIR)
     options = None
     if not _still_prepared(root, data):
-      options = _preparation(sections, workdir)
+      options = _preparation(sections, workdir, tokenizer_from)
       if os.path.exists(os.path.join(root, 'manifest.json')):
         logging.warning('%s was prepared from another version of the data; preparing it again',
                         root)
@@ -144,7 +152,8 @@ def _still_prepared(root: str, data: Data) -> bool:
 
 def _install_tokenizer(corpus: PreparedCorpus, tokenizer: Tokenizer, workdir: str):
   kind = corpus.tokenizer_kind
-  expected = {'hf': 'byte_bpe'}.get(kind, kind)
+  # A Hugging Face folder's ids read as a byte-level BPE's (both are HFTokenizer's), or as 'hf'.
+  expected = kind if tokenizer.type == 'hf' else {'hf': 'byte_bpe'}.get(kind, kind)
   if expected != tokenizer.type:
     raise ConfigError(f'{corpus.root} was tokenized with a {kind} tokenizer but '
                       f"tokenizer.type={tokenizer.type!r}; set --config.tokenizer.type={expected}")
@@ -195,8 +204,11 @@ def build_task(config, workdir: str, sections: LmSections | None = None):
   sections = sections or sections_of(config)
   tokenizer = load_tokenizer(sections.tokenizer, workdir)
   sample = sections.eval
-  task = LanguageModelTask(sections.model_config(tokenizer.vocab_size), tokenizer=tokenizer,
-                           eos_id=lm_data.lm_eos_id(tokenizer),
+  cfg = sections.model_config(tokenizer.vocab_size)
+  if tokenizer.vocab_size > cfg.vocab_size:  # an imported model's embedding, too small for it
+    raise ConfigError(f'the tokenizer in {workdir} has {tokenizer.vocab_size} tokens but the '
+                      f'model\'s embedding has {cfg.vocab_size} rows (model.vocab_size)')
+  task = LanguageModelTask(cfg, tokenizer=tokenizer, eos_id=lm_data.lm_eos_id(tokenizer),
                            sample_prompt=lm_data.prompt_ids(tokenizer, sample.sample_prompt),
                            sample_tokens=sample.sample_tokens, temperature=sample.temperature,
                            top_k=sample.top_k, top_p=sample.top_p, sample_seed=sections.run.seed)
@@ -221,7 +233,7 @@ def abstract_task(config, num_devices: int | None = None):
   import jax
   from transformer_jax.tasks.lm import LanguageModelTask
   del num_devices
-  sections = sections_of(config)
+  sections = sections_of(lm_init.planned_config(config))
   task = LanguageModelTask(sections.model)
   shape = (sections.data.batch_size, sections.data.block_size)
   keys = ['inputs', 'targets']
@@ -256,10 +268,19 @@ def make_data(sections: LmSections, train_tokens: np.ndarray, valid_tokens: np.n
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains (or resumes) to train.num_steps; returns the trainer's final metrics."""
+  """Trains (or resumes) to train.num_steps; returns the trainer's final metrics.
+
+  With init.hf_dir the run continues pretraining an imported Hugging Face model
+  (workflows/lm_init.py): its model and tokenizer sections replace the config's, its tokenizer
+  tokenizes the text and its weights are the params at step 0.
+  """
+  validate(config)
+  # The import (or a resumed import's saved sections), read and checked before the first write.
+  config, pretrained = lm_init.init_config(config, workdir)
   sections = validate(config)
   os.makedirs(workdir, exist_ok=True)
-  corpus = prepared_corpus(sections, workdir)
+  with lm_init.imported_tokenizer(pretrained) as tokenizer_from:
+    corpus = prepared_corpus(sections, workdir, tokenizer_from)
   task, trainer, tokenizer = build(config, workdir, sections=sections)
   save_config(config, workdir)
   train_tokens, valid_tokens = corpus.split('train'), corpus.split('valid')
@@ -267,7 +288,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
                f'{len(valid_tokens):,}', corpus.root, tokenizer.vocab_size)
   train_data, valid_batches = make_data(sections, train_tokens, valid_tokens,
                                         lm_data.lm_eos_id(tokenizer))
-  results = trainer.fit(train_data, lambda: iter(valid_batches))
+  state = None  # the trainer's own: a checkpoint's, or fresh
+  if pretrained is not None:
+    state = lm_init.start_state(trainer, train_data, pretrained)
+  results = trainer.fit(train_data, lambda: iter(valid_batches), state=state)
   results['params'] = trainer.num_params()
   trainer.close()
   return results

@@ -4,12 +4,15 @@
     sections.data.block_size               # an int; no int(config.data...) further down
     sections.model_config(vocab_size)      # config.model sized to the tokenizer
 
-`data`, `tokenizer` and `eval` (the samples written at every evaluation) are `Section` records
+`data`, `tokenizer`, `eval` (the samples written at every evaluation) and `init` (the Hugging
+Face model a run continues pretraining from: workflows/lm_init.py) are `Section` records
 (transformer_jax/sections.py: unknown keys, types and ranges are one ConfigError line); the
 model section is `TransformerConfig`'s (model_config.py), built here with the vocabulary the
 config asks for and data.block_size as its context, so a wrong width or head count fails before
-a tokenizer is trained. Keys added after workdirs were first written (data.pack) have defaults:
-an old workdir's config.json reads as it did.
+a tokenizer is trained. An imported model's section (the one lm_init.py writes) names its own
+vocab_size (the embedding's rows) and max_len (its position table), which then stay as they are:
+windows of data.block_size tokens fit in that context. Keys added after workdirs were first
+written (data.pack, init) have defaults: an old workdir's config.json reads as it did.
 """
 
 import dataclasses
@@ -19,7 +22,9 @@ from transformer_jax.model_config import TransformerConfig, model_config_from_di
 from transformer_jax.sections import RunSections, Section, section_of
 
 DATA_SOURCES = ('file', 'tfds', 'prepared')
-TOKENIZER_TYPES = ('char', 'sentencepiece', 'byte_bpe')
+# 'hf': a Hugging Face tokenizer folder taken as it is (an imported model's, or a prepared
+# corpus's), never trained here.
+TOKENIZER_TYPES = ('char', 'sentencepiece', 'byte_bpe', 'hf')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +63,8 @@ class Data(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer(Section):
-  """`tokenizer.*`: characters, a SentencePiece model or GPT-2's byte-level BPE."""
+  """`tokenizer.*`: characters, a SentencePiece model, GPT-2's byte-level BPE or a Hugging Face
+  tokenizer folder ('hf')."""
   type: str = 'char'
   vocab_size: int = 256  # 'sentencepiece' and 'byte_bpe'; a char vocabulary sizes itself
   model_type: str = 'unigram'  # 'sentencepiece'
@@ -66,7 +72,7 @@ class Tokenizer(Section):
 
   def check(self):
     if self.type not in TOKENIZER_TYPES:
-      raise ConfigError("tokenizer.type must be 'char', 'sentencepiece' or 'byte_bpe', got "
+      raise ConfigError("tokenizer.type must be 'char', 'sentencepiece', 'byte_bpe' or 'hf', got "
                         f'{self.type!r}')
     if self.vocab_size < 1:
       raise ConfigError(f'tokenizer.vocab_size must be positive, got {self.vocab_size}')
@@ -91,14 +97,27 @@ class Sampling(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Init(Section):
+  """`init.*`: the Hugging Face causal LM a run continues pretraining from (its model, weights and
+  tokenizer: workflows/lm_init.py); '' (the default, and configs saved before init existed)
+  trains from scratch."""
+  hf_dir: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
 class LmSections:
   """Every section of a language-model config, typed: what the LM workflow reads."""
   run: RunSections
   data: Data
   tokenizer: Tokenizer
   eval: Sampling
-  # config.model with tokenizer.vocab_size entries and data.block_size positions
+  init: Init
+  # config.model with tokenizer.vocab_size entries and data.block_size positions, unless the
+  # section names its own (an imported model's)
   model: TransformerConfig
+  # Whether config.model names its own vocab_size (an imported model's embedding, whose rows
+  # may exceed the tokenizer's ids), which then sizes the model whatever the tokenizer.
+  own_vocab_size: bool = False
 
   @classmethod
   def of(cls, config) -> 'LmSections':
@@ -109,11 +128,26 @@ class LmSections:
       raise ConfigError("data.pack=True needs documents (a subword tokenizer whose documents "
                         "are joined with EOS: tokenizer.type='sentencepiece' or 'byte_bpe'); "
                         "tokenizer.type='char' reads one character stream without them")
-    model = model_config_from_dict(config.model, vocab_size=tokenizer.vocab_size,
-                                   max_len=data.block_size, num_encoder_layers=0)
+    init = section_of(config, 'init', Init)
+    if tokenizer.type == 'hf' and not init.hf_dir and data.source != 'prepared':
+      raise ConfigError("tokenizer.type='hf' is a Hugging Face tokenizer taken as it is, never "
+                        'trained here: set --config.init.hf_dir=DIR (its model and tokenizer) or '
+                        "read a corpus prepared with one (data.source='prepared')")
+    section = dict(config.model)
+    sizes = {
+        k: v
+        for k, v in (('vocab_size', tokenizer.vocab_size), ('max_len', data.block_size))
+        if k not in section
+    }
+    model = model_config_from_dict(section, num_encoder_layers=0, **sizes)
+    if data.block_size > model.max_len:
+      raise ConfigError(f'data.block_size={data.block_size} is longer than the model\'s context '
+                        f'(model.max_len={model.max_len}); set --config.data.block_size='
+                        f'{model.max_len} or less')
     return cls(run=RunSections.of(config), data=data, tokenizer=tokenizer,
-               eval=section_of(config, 'eval', Sampling), model=model)
+               eval=section_of(config, 'eval', Sampling), init=init, model=model,
+               own_vocab_size='vocab_size' in section)
 
   def model_config(self, vocab_size: int) -> TransformerConfig:
-    """The model for a tokenizer of `vocab_size` tokens."""
-    return self.model.replace(vocab_size=vocab_size)
+    """The model for a tokenizer of `vocab_size` tokens (an imported model keeps its rows)."""
+    return self.model if self.own_vocab_size else self.model.replace(vocab_size=vocab_size)

@@ -12,6 +12,8 @@ T5's objective (Raffel et al. 2020) on plain text, from one of two sources:
     (`span_corruption_stream.SpanCorruptionSteps`), so nothing is tokenized at start or resume and
     memory and start time do not grow with the corpus. The corpus's SentencePiece model is the
     workdir's spm.model: copied there on the first run, checked against the corpus after.
+From data.text_path, a run may continue the pretraining of a Hugging Face T5 (init.hf_dir;
+workflows/t5_init.py): its tokenizer and sentinels instead of a trained one, its params at step 0.
 The model vocabulary is the tokenizer's plus tokenizer.num_sentinels. The tokenizers, task and
 trainer are the translation model's (workflows/translation_model.py); the translation workflow,
 which imports this module, runs the training and evaluation.
@@ -25,6 +27,7 @@ from transformer_jax.cli.workdir import save_config
 from transformer_jax.corpus.reader import PreparedCorpus
 from transformer_jax.data import batching, span_corruption, span_corruption_stream, text
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.workflows.t5_init import write_init_tokenizer
 from transformer_jax.workflows.translation_model import SPM_MODEL, build, load_tokenizers
 from transformer_jax.workflows.translation_sections import Translation
 
@@ -109,9 +112,11 @@ def validate_span_corruption(config):
                       f'{spans + 1} or lower max_len')
 
 
-def span_corruption_data(config, workdir: str):
+def span_corruption_data(config, workdir: str, pretrained=None):
   """(task, trainer, train batches, valid batches, valid pairs) for span-corruption pretraining,
-  from data.text_path or data.prepared (the module docstring).
+  from data.text_path or data.prepared (the module docstring); continuing a pretrained T5's
+  (`pretrained`: t5_init.init_config's, for a config it rewrote), its tokenizer files are
+  copied into the workdir once the text is read, and no tokenizer is trained.
 
   Training chunks are corrupted afresh each epoch; the held-out chunks once, with their own
   stream, so every evaluation scores the same pairs. The validation pairs as text (sentinels
@@ -119,16 +124,18 @@ def span_corruption_data(config, workdir: str):
   log.
   """
   run = Translation.of(config)
-  if run.data.prepared:
+  if run.data.prepared:  # translation.validate refuses it with init.*
     return _prepared_data(run, workdir)
-  return _text_data(run, workdir)
+  return _text_data(run, workdir, pretrained)
 
 
-def _text_data(run, workdir: str):
-  """data.text_path: the tokenizer is trained on the training lines; the model vocabulary adds
-  the sentinels; every chunk is in memory."""
+def _text_data(run, workdir: str, pretrained=None):
+  """data.text_path: the tokenizer is trained on the training lines (or is `pretrained`'s); the
+  model vocabulary adds the sentinels; every chunk is in memory."""
   data = run.data
   train_lines, valid_lines = load_text(run)
+  if pretrained is not None:  # the text is read: nothing is written before a bad path fails
+    write_init_tokenizer(workdir, pretrained)
   tokenizers = load_tokenizers(run, workdir, (train_lines, ()))
   tokenizer = tokenizers[1]
   train_chunks = text_chunks(run, tokenizer, train_lines)
@@ -159,7 +166,8 @@ def _text_data(run, workdir: str):
       'lines); vocabulary %d + %d sentinels', len(train_chunks),
       span_corruption.chunk_length(data.max_len, **data.noise), len(train_lines),
       train_data.num_batches_per_epoch, data.max_len, targets_length, len(valid_chunks),
-      len(valid_lines), tokenizer.base.vocab_size, tokenizer.num_sentinels)
+      len(valid_lines), tokenizer.vocab_size - run.tokenizer.num_sentinels,
+      run.tokenizer.num_sentinels)  # an HF T5 tokenizer lists its sentinels itself
   return task, trainer, train_data, valid_data, valid_pairs
 
 

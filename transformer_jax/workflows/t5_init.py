@@ -1,4 +1,5 @@
-"""Text-to-text fine-tuning of a pretrained T5 in the translation workflow (init.* configs).
+"""A pretrained T5 a translation-workflow run starts from (init.* configs): text-to-text
+fine-tuning, or span corruption continuing its pretraining.
 
 init.workdir=W: W is a workdir of the translation workflow whose model is a T5
 (t5_span_corruption.py's, say). The run reuses W's spm.model (copied here) and tokenizer
@@ -8,7 +9,9 @@ directory; its config.json gives the model (config.model adds only the RUNTIME_F
 tokenizer.json (or spiece.model) the ids, copied to WORKDIR/hf_tokenizer/. Either way the run's
 saved config holds the resolved model and tokenizer sections, so --mode=translate / evaluate
 need nothing but the workdir, and the pretrained params replace the fresh ones at step 0 only: a
-rerun resumes from its own checkpoints without reading W or D again.
+rerun resumes from its own checkpoints without reading W or D again. Span corruption
+(data.task='span_corruption', data.text_path) continues the pretraining of an HF T5 the same way:
+the sentinels are its tokenizer's (tokenizer.num_sentinels counts those at the top of its ids).
 
 workflows/translation.py calls these; the fine-tuned model's config comes from
 workflows/translation_model.py, the init source from the config's record
@@ -35,11 +38,12 @@ from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.layers import scan_layout
-from transformer_jax.model_config import TransformerConfig, model_config_from_dict
+from transformer_jax.model_config import (RUNTIME_FIELDS, TransformerConfig, model_config_from_dict,
+                                          model_section)
 from transformer_jax.models import EncoderDecoder
 from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows.bert import overlay_params
+from transformer_jax.workflows.params_overlay import overlay_params
 from transformer_jax.workflows.translation_model import HF_TOKENIZER_DIR, SPM_MODEL, model_config
 from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Translation
 
@@ -48,10 +52,6 @@ from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Tran
 # HFTokenizer.from_dir reads them) when no tokenizer_config.json does.
 _HF_TOKENIZER_FILES = ('config.json', 'special_tokens_map.json', 'tokenizer_config.json',
                        'spiece.model', 'tokenizer.json')
-# Model fields that change how a model trains or runs, not its parameters: the fine-tuning
-# config's own; every other field is the pretrained model's.
-RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype', 'param_dtype', 'matmul_dtype',
-                  'remat_policy', 'scan_layers', 'attention_implementation')
 # Fields a model config derives from others (head_dim from emb_dim, ...) or that the workflow
 # sets (max_len from data.max_len: relative positions have no table), and `decode`.
 _NOT_COMPARED = ('head_dim', 'num_kv_heads', 'source_vocab_size', 'max_len', 'decode')
@@ -83,19 +83,6 @@ def _checkpoint_steps(workdir: str) -> list[int]:
 def _copy(config):
   """An unlocked deep copy of `config` (the command line's is locked), free to take new keys."""
   return ml_collections.ConfigDict(config.copy_and_resolve_references().to_dict())
-
-
-def _model_section(cfg: TransformerConfig, runtime) -> dict:
-  """config.model for `cfg` (every field, dtypes by name), `runtime` fields replacing its own."""
-  values = {
-      f.name: getattr(cfg, f.name)
-      for f in dataclasses.fields(cfg)
-      if f.name not in ('max_len', 'decode', 'source_vocab_size')
-  }
-  values.update(dtype=np.dtype(cfg.dtype).name, param_dtype=np.dtype(cfg.param_dtype).name,
-                matmul_dtype=np.dtype(cfg.matmul_dtype).name if cfg.matmul_dtype else 'none')
-  values.update({k: runtime[k] for k in RUNTIME_FIELDS if k in runtime})
-  return values
 
 
 def _check_same_model(run: Translation, reference, vocab_size: int, where: str):
@@ -190,12 +177,17 @@ def _with_workdir_source(run: Translation, saved: Translation, vocab_size: int) 
   return Translation.of(config)
 
 
-def _with_hf_source(run: Translation, cfg: TransformerConfig, tokenizer_size: int) -> Translation:
+def _with_hf_source(run: Translation, cfg: TransformerConfig, tokenizer_size: int,
+                    sentinels: int = 0) -> Translation:
   """`run` whose model section is the HF checkpoint's `cfg` (config.model's RUNTIME_FIELDS
-  kept) and whose tokenizer section describes its tokenizer (sentinels already in it)."""
+  kept) and whose tokenizer section describes its tokenizer: `tokenizer_size` ids, the top
+  `sentinels` of them T5's sentinels (the tokenizer lists them: none are added on top)."""
   config = _copy(run.config)
-  config.model = ml_collections.ConfigDict(_model_section(cfg, run.model))
-  config.tokenizer.update(dict(vocab_size=int(tokenizer_size), num_sentinels=0, joint=True))
+  # max_len follows data.max_len (relative positions have no table).
+  config.model = ml_collections.ConfigDict(
+      model_section(cfg, run.model, leave_out=('max_len', 'source_vocab_size')))
+  config.tokenizer.update(
+      dict(vocab_size=int(tokenizer_size) - sentinels, num_sentinels=int(sentinels), joint=True))
   return Translation.of(config)
 
 
@@ -230,7 +222,7 @@ def init_config(config, workdir: str) -> tuple[Translation, 'Pretrained']:
                         'config.json): the tokenizer does not belong to this checkpoint')
     imported = families.of_directory(path, families.ENCODER_DECODER).load(path)
     cfg, params = imported.config, imported.params
-    run = _with_hf_source(run, cfg, tokenizer.vocab_size)
+    run = _with_hf_source(run, cfg, tokenizer.vocab_size, tokenizer.sentinels)
     files = {}
     for name in _HF_TOKENIZER_FILES:
       if os.path.isfile(os.path.join(path, name)):
@@ -238,7 +230,7 @@ def init_config(config, workdir: str) -> tuple[Translation, 'Pretrained']:
           files[name] = f.read()
   vocab = run.tokenizer.model_vocab_size  # the tokenizer's size, no file read
   _check_fits(model_config(run, vocab, vocab), params, kind, path)
-  logging.info('fine-tuning from init.%s %s: %s', kind, path,
+  logging.info('starting from init.%s %s: %s', kind, path,
                ', '.join(f'{k}={v}' for k, v in sorted(run.model.items())))
   return run, Pretrained(kind, path, files, params)
 

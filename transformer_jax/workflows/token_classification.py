@@ -1,11 +1,11 @@
-"""Token classification (CoNLL-style tagging) fine-tuned from a pretrained BERT.
+"""Token classification (CoNLL-style tagging) fine-tuned from a pretrained BERT-family encoder.
 
 The starting model is the one sentence classification fine-tunes from (init.hf_dir: a Hugging
-Face BERT directory; init.bert_workdir: a pretraining workdir of ours), loaded by
-workflows/bert_init.py;
-only the head differs: `Bert`'s per-token classifier on the final hidden states, one label per
-word on its first sub-word (data/conll.py). The tag set is the training file's tags, saved as
-WORKDIR/labels.txt (one per line, line i = label id i) beside the tokenizer and config.
+Face encoder folder of a family of convert/families.py whose tokenizer is read; init.bert_workdir:
+a pretraining workdir of ours), loaded by workflows/bert_init.py; only the head differs: `Bert`'s
+per-token classifier on the final hidden states, one label per word on its first sub-word
+(data/conll.py). The tag set is the training file's tags, saved as WORKDIR/labels.txt (one per
+line, line i = label id i) beside the tokenizer and config.
 
 Config (experiments/configs/conll_tagging.py): data.task='token_classification',
 data.train / data.dev (CoNLL files), data.max_len, data.batch_size, init.*, model.* overrides;
@@ -56,7 +56,6 @@ def finetune(config, workdir: str) -> dict:
   """Fine-tunes (or resumes) a tagger to train.num_steps; returns the trainer's final metrics
   with 'dev_accuracy' (token accuracy over the dev words) and 'dev_accuracy_<tag>' per tag."""
   from transformer_jax.data import conll
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   from transformer_jax.tasks.token_classification import TokenClassificationTask
   from transformer_jax.training.trainer import Trainer
   run = validate(config)
@@ -69,11 +68,6 @@ def finetune(config, workdir: str) -> dict:
                       f'{label_names}: use a new --workdir')
   conll.check_tags(data.dev, dev_sentences, label_names)
   cfg, pretrained, tokenizer, type_vocab_size = bert_init.load_init(run)
-  if not isinstance(tokenizer, WordPieceTokenizer):
-    # Words are tokenised one by one; byte-level BPE marks a word's leading space in its first
-    # piece, which that would lose.
-    raise ConfigError('token classification needs a WordPiece (BERT) model; the init model has '
-                      f'a {type(tokenizer).__name__}')
   max_len = data.max_len
   if max_len > cfg.max_len:
     raise ConfigError(f'data.max_len={max_len} exceeds the model position table ({cfg.max_len})')

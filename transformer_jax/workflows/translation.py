@@ -13,7 +13,8 @@ The same encoder-decoder also runs T5's recipes (Raffel et al. 2020), chosen by 
   - init.workdir / init.hf_dir: text-to-text fine-tuning of a pretrained T5, a span-corruption
     workdir of this workflow or a Hugging Face T5 directory: its tokenizer (never retrained,
     copied into the workdir), its model config and, at step 0, its params
-    (workflows/t5_init.py; the tokenizer of an HF directory: data/t5_tokenizer.py).
+    (workflows/t5_init.py; the tokenizer of an HF directory: data/t5_tokenizer.py). With
+    data.task='span_corruption' (from data.text_path), init.hf_dir continues its pretraining.
 All are off by default (task 'translation', no prefix, no sentinels, no init), and then nothing
 changes.
 
@@ -41,7 +42,7 @@ from transformer_jax.workflows.span_corruption import span_corruption_data, vali
 from transformer_jax.workflows.t5_init import (init_config, planned_config, resumed_config,
                                                start_state, write_init_tokenizer)
 from transformer_jax.workflows.translation_model import build, build_task, model_config
-from transformer_jax.workflows.translation_sections import TRANSLATION, Translation
+from transformer_jax.workflows.translation_sections import WORKDIR, Translation
 
 # -- data ---------------------------------------------------------------------------------------
 
@@ -84,9 +85,15 @@ def validate(config):
   run = Translation.of(config)
   if run.data.span_corruption:
     validate_span_corruption(run)
-  if run.init.kind and run.data.task != TRANSLATION:
-    raise ConfigError('init.workdir / init.hf_dir fine-tune a pretrained T5 text to text: they '
-                      f"need data.task='{TRANSLATION}' (parallel text), not {run.data.task!r}")
+  if run.init.kind == WORKDIR and run.data.span_corruption:
+    raise ConfigError(f'init.workdir={run.init.workdir} fine-tunes text to text; span corruption '
+                      'continues from a Hugging Face T5 (init.hf_dir): rerun that workdir to '
+                      'resume it, or export it (python -m experiments.export) and start from the '
+                      'export')
+  if run.init.kind and run.data.span_corruption and run.data.prepared:
+    raise ConfigError(f'init.{run.init.kind} brings its own tokenizer, but data.prepared='
+                      f'{run.data.prepared} holds ids of another: continue pretraining from text '
+                      '(--config.data.prepared= --config.data.text_path=FILE)')
   model_config_from_dict(run.model, vocab_size=run.tokenizer.model_vocab_size,
                          max_len=run.data.max_len)
   validation.check_training(run.config)
@@ -196,15 +203,19 @@ def evaluate_test_set(config, workdir, task, mesh, params) -> dict:
 
 def train_and_evaluate(config, workdir: str) -> dict:
   run = validate(config)
-  state = None  # the trainer's own: a checkpoint's, or fresh (fine-tuning: `start_state`)
+  state = None  # the trainer's own: a checkpoint's, or fresh (from init.*: `start_state`)
+  pretrained = None
   if run.data.span_corruption:
-    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(run, workdir)
+    if run.init.kind:  # continued pretraining: the pretrained tokenizer's sentinels checked
+      run, pretrained = init_config(run, workdir)
+      validate_span_corruption(run)
+    task, trainer, train_data, valid_data, valid_pairs = span_corruption_data(
+        run, workdir, pretrained)
   else:
     train_pairs = load_split(run, run.data.train_prefix)
     if run.data.max_train_examples:
       train_pairs = tuple(side[:run.data.max_train_examples] for side in train_pairs)
     valid_pairs = load_split(run, run.data.valid_prefix)
-    pretrained = None
     if run.init.kind:  # everything read and checked before the first write
       run, pretrained = init_config(run, workdir)
       write_init_tokenizer(workdir, pretrained)
@@ -214,8 +225,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     save_config(run.config, workdir)  # after the checks of the batches against the mesh
     logging.info('train: %d pairs in %d batches/epoch; valid: %d pairs', train_data.num_examples,
                  train_data.num_batches_per_epoch, valid_data.num_examples)
-    if pretrained is not None:
-      state = start_state(trainer, train_data, pretrained)
+  if pretrained is not None:
+    state = start_state(trainer, train_data, pretrained)
   results = trainer.fit(train_data, lambda: iter(valid_data), state=state)
   if results.get('interrupted'):
     trainer.close()

@@ -54,7 +54,8 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
   kind = run.init.kind
   if kind == HF_DIR:
     tokenizer = load_hf_t5_tokenizer(os.path.join(workdir, HF_TOKENIZER_DIR), copied=True)
-    return text_to_text_tokenizers(run, tokenizer, tokenizer)
+    # Its sentinels are its own top ids already (tokenizer.num_sentinels counts them).
+    return text_to_text_tokenizers(run, tokenizer, tokenizer, add_sentinels=False)
   if kind == WORKDIR:
     if not os.path.isfile(os.path.join(workdir, SPM_MODEL)):
       raise ConfigError(f'no {SPM_MODEL} in {workdir}: a fine-tuning run copies init.workdir\'s '
@@ -87,12 +88,13 @@ def load_tokenizers(config, workdir: str, train_pairs=None):
   return text_to_text_tokenizers(run, src_tok, tgt_tok)
 
 
-def text_to_text_tokenizers(config, src_tok, tgt_tok):
+def text_to_text_tokenizers(config, src_tok, tgt_tok, add_sentinels: bool = True):
   """The SentencePiece tokenizers as the model sees them: with tokenizer.num_sentinels extra
-  ids on top (T5's sentinels, so the model vocabulary is the tokenizer's plus those), and with
-  data.source_prefix on every source text. Unchanged when both are off."""
+  ids on top (T5's sentinels, so the model vocabulary is the tokenizer's plus those; not with
+  `add_sentinels` False: a tokenizer that has them), and with data.source_prefix on every source
+  text. Unchanged when both are off."""
   run = Translation.of(config)
-  count = run.tokenizer.num_sentinels
+  count = run.tokenizer.num_sentinels if add_sentinels else 0
   if count:
     shared = src_tok is tgt_tok
     tgt_tok = span_corruption.SentinelTokenizer(tgt_tok, count)
