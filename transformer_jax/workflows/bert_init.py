@@ -17,7 +17,12 @@ import numpy as np
 from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
-from transformer_jax.errors import ConfigError
+from transformer_jax.convert import families
+from transformer_jax.data import albert_tokenizer
+from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+from transformer_jax.data.wordpiece import WordPieceTokenizer
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import with_overrides
 from transformer_jax.workflows.bert_pretraining import (TOKENIZER_DIR, VOCAB_FILE,
                                                         pretrain_model_config, restore_pretrained)
@@ -51,8 +56,6 @@ def overlay_params(state, pretrained: dict):
 def hf_family(hf_dir: str):
   """The encoder family (convert/families.py) of init.hf_dir if fine-tuning can start from it,
   else one ConfigError line naming it. Reads config.json only."""
-  from transformer_jax.convert import families
-  from transformer_jax.errors import DataError
   tunable = [f.name for f in families.FAMILIES if f.kind == families.ENCODER and f.tokenizer]
   try:
     family = families.of_directory(hf_dir)
@@ -85,7 +88,6 @@ def init_model_config(config):
   if init.bert_workdir:
     saved = Pretraining.of(load_saved_config(init.bert_workdir))
     if saved.tokenizer.type == 'byte_bpe':
-      from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
       tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
       if not os.path.isfile(os.path.join(tokenizer_dir, 'tokenizer.json')):
         raise ConfigError(f'no {TOKENIZER_DIR}/tokenizer.json in {init.bert_workdir}: pretrain '
@@ -127,9 +129,7 @@ def load_init(config):
 def save_tokenizer(tokenizer, workdir: str) -> None:
   """The fine-tuning workdir's copy of its tokenizer: WORKDIR/vocab.txt (WordPiece) or
   WORKDIR/tokenizer/ (RoBERTa's byte-level BPE or ALBERT's SentencePiece, HF files)."""
-  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
-  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-  if isinstance(tokenizer, (RobertaTokenizer, AlbertTokenizer)):
+  if isinstance(tokenizer, (RobertaTokenizer, albert_tokenizer.AlbertTokenizer)):
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
   else:
     tokenizer.save(os.path.join(workdir, VOCAB_FILE))
@@ -141,18 +141,14 @@ def finetune_tokenizer(config, workdir: str):
   WORKDIR/vocab.txt, lowercased as its starting model's."""
   directory = os.path.join(workdir, TOKENIZER_DIR)
   if os.path.isdir(directory):
-    from transformer_jax.data import albert_tokenizer
-    from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
     if albert_tokenizer.is_saved_here(directory):
       return albert_tokenizer.AlbertTokenizer.from_dir(directory)
     return RobertaTokenizer.from_dir(directory)
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   path = os.path.join(workdir, VOCAB_FILE)
   if not os.path.isfile(path):
     raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
   init = FineTuning.of(config).init
   if init.hf_dir:
-    from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
     lowercase = tokenizer_lowercase(init.hf_dir)  # as the WordPiece family's load reads it
   else:
     lowercase = Pretraining.of(load_saved_config(init.bert_workdir)).tokenizer.lowercase

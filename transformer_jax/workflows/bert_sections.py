@@ -29,6 +29,7 @@ import abc
 import dataclasses
 import typing
 
+from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
 from transformer_jax.errors import ConfigError
 from transformer_jax.sections import Section, value_of
 
@@ -104,7 +105,6 @@ class PretrainData(Rows):
   prepared: str = ''  # 'prepared': the corpus folder (configs written before it have none)
 
   def check(self):
-    from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
     if self.source not in PRETRAIN_SOURCES:
       # Worded as before 'prepared' came, which tests and users may match.
       raise ConfigError(f"data.source must be 'files' or 'tfds', got {self.source!r} (or "
@@ -220,7 +220,6 @@ class Pretraining(Experiment):
     data = PretrainData.of(_section(config, 'data'), 'data')
     tokenizer = Tokenizer.of(_section(config, 'tokenizer'), 'tokenizer')
     # WordPiece pairs give segment B the id 1; RoBERTa's tokenizer gives every token segment 0.
-    from transformer_jax.data.bert_pretrain import PAIR_TASKS
     task, types = data.sentence_task, data.type_vocab_size
     if task in PAIR_TASKS and types < 2 and tokenizer.type == 'wordpiece':
       raise ConfigError(f"data.sentence_task={task!r} with WordPiece gives sentence B segment "
