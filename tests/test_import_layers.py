@@ -1,10 +1,11 @@
 """The package is a stack of layers: no module imports from a layer above its own, and no two
 modules import each other.
 
-Every `import` and `from ... import` of transformer_jax in the package's source, including the
-ones inside functions (imported late to keep start-up cheap), is checked against the order
-below, the one transformer_jax/__init__.py and docs/architecture.md describe. Within one
-subpackage modules may import each other, but not in a cycle: data flows one way there too.
+Every `import` and `from ... import` of transformer_jax in the package's source is checked
+against the order below, the one transformer_jax/__init__.py and docs/architecture.md describe:
+the imports at the top of each module (where tests/test_function_imports.py keeps them) and the
+few left inside functions alike. Within one subpackage modules may import each other, but not in
+a cycle: data flows one way there too.
 """
 
 import ast

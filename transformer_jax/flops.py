@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 
+import jax
 import numpy as np
 
 from transformer_jax import chips, files, precision
@@ -38,7 +39,6 @@ FORMULA = ('6 x matmul parameters x tokens + 12 x layers x queries x keys x atte
 def kernel_parameters(tree, parents: tuple[str, ...] = ()) -> int:
   """Parameters of the dense kernels in `tree` (every leaf named 'kernel'); with `parents`, only
   those of kernels whose path ends in parents + ('kernel',)."""
-  import jax
   total, suffix = 0, list(parents) + ['kernel']
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     names = [str(getattr(key, 'key', key)) for key in path]
@@ -149,7 +149,6 @@ _CPU_PEAKS: dict[tuple, CpuPeak] = {}
 
 
 def _machine_key(dtype: str, n: int) -> str:
-  import jax
   cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   return f'{precision.cpu_model()} | {cores} cores | jaxlib {jax.lib.__version__} | {dtype} {n}^3'
 

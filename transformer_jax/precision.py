@@ -27,12 +27,15 @@ $XDG_CACHE_HOME/transformer_jax/cpu_matmul_probe.json. TRANSFORMER_JAX_AUTO_MATM
 (float32 or bfloat16) fixes what 'auto' picks (the test suite sets float32, so results do not
 depend on the CPU the tests run on).
 
-This module imports jax only inside the functions that need it.
+This module imports jax only inside the functions that need it: tools/machine.py reads the CPU
+through it in benchmark processes that never start jax (benchmarks/prepare.py measures their
+peak memory), where importing jax would add 0.6-1.2 s and 125 MB of peak RSS (measured).
 """
 
 import dataclasses
 import json
 import os
+import platform
 import time
 import warnings
 
@@ -106,7 +109,7 @@ def choose(platform: str | None = None, cpu_flags: set[str] | None = None, probe
       raise ConfigError(f'{AUTO_VARIABLE} must be float32 or bfloat16, got {forced!r}')
     return Choice(None if forced == 'float32' else forced, f'{AUTO_VARIABLE}={forced}')
   if platform is None:
-    import jax
+    import jax  # lazy: jax-free module (the module docstring)
     platform = jax.default_backend()
   if platform != 'cpu':
     return Choice(None, f'{platform}: matmuls in model.dtype (the policy is for CPUs)')
@@ -153,7 +156,7 @@ def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> set[str]:
 def probe_speedup(cache_path: str | None = None) -> float:
   """float32 time / bf16 time of a PROBE_SIZE^3 matmul, from the cache when this CPU model and
   jaxlib were probed before."""
-  import jax
+  import jax  # lazy: jax-free module (the module docstring)
   cache_path = cache_path or _cache_path()
   key = f'{cpu_model()} | jaxlib {jax.lib.__version__}'
   if key in _PROBED:
@@ -183,7 +186,7 @@ def _time_dot(dtype: str) -> float:
 def matmul_seconds(dtype, n: int, *, transposed: bool = False, repeats: int = 5) -> float:
   """Best of `repeats` timings of one jitted n^3 matmul in `dtype` (a.T @ b when `transposed`),
   compiled as the steps are (`compiler_options`)."""
-  import jax.numpy as jnp
+  import jax.numpy as jnp  # lazy: jax-free module (the module docstring)
   a = jnp.ones((n, n), dtype)
   dot = _matmul_program(_name(jnp.dtype(dtype)), transposed)
   dot(a, a).block_until_ready()
@@ -201,7 +204,7 @@ def _matmul_program(dtype: str, transposed: bool):
   (`onednn_lifetime`), so a new one per probe would only add up."""
   key = (dtype, transposed)
   if key not in _MATMULS:
-    from transformer_jax import onednn_lifetime
+    from transformer_jax import onednn_lifetime  # lazy: it imports jax (the module docstring)
     product = (lambda a, b: a.T @ b) if transposed else (lambda a, b: a @ b)
     _MATMULS[key] = onednn_lifetime.jit(product, compiler_options=compiler_options(dtype))
   return _MATMULS[key]
@@ -221,7 +224,6 @@ def _cache_path() -> str:
 
 def cpu_model() -> str:
   """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
-  import platform
   return cpuinfo_value('model name') or platform.processor() or platform.machine()
 
 

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-from absl import logging
+from absl import app, logging
 
 from transformer_jax.cli import process
 from transformer_jax.errors import UserError
@@ -70,7 +70,6 @@ def parse_flags(argv: list[str]) -> list[str]:
   file that cannot be loaded to its first use. Both are checked here first, against the config
   file loaded on its own; other flag errors keep absl's one-line 'FATAL Flags parsing error'.
   """
-  from absl import app
   config_file = _flag_value(argv, CONFIG_FLAG)
   if config_file is not None:
     check_overrides(load_config_file(config_file), _overrides(argv, CONFIG_FLAG))

@@ -126,7 +126,7 @@ def enable_compilation_cache() -> str:
   a cache the user configured for JAX itself (JAX_COMPILATION_CACHE_DIR) is kept. On a
   multi-host job only process 0 writes; point every host at one shared path to share it.
   """
-  import jax
+  import jax  # lazy: not before setup_allocator has re-executed the entry point
   configured = jax.config.jax_compilation_cache_dir
   if configured:
     return f'XLA compilation cache: {configured} (jax_compilation_cache_dir)'
@@ -155,6 +155,7 @@ def synchronous_cpu_dispatch() -> str:
   host work to overlap with it. Accelerators are not affected. The CPU client reads the option
   when it is created: call this before the first computation, as `entrypoint.run` does.
   """
+  # lazy: not before setup_allocator has re-executed the entry point
   import jax
   from jax._src import xla_bridge
   started = getattr(xla_bridge, 'backends_are_initialized', lambda: False)()

@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 
+import ml_collections
 from absl import logging
 
 from transformer_jax.cli import validation
@@ -40,7 +41,6 @@ def save_config(config, workdir: str):
 
 def load_saved_config(workdir: str):
   """The config a workdir was trained with (for translate/generate modes)."""
-  import ml_collections
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise ConfigError(f'{workdir} has no config.json: is it a trained workdir?')

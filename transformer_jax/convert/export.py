@@ -31,8 +31,18 @@ import tempfile
 from typing import Any, Callable
 
 import numpy as np
+import tokenizers
 from absl import logging
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
+from transformer_jax.convert import families
+from transformer_jax.data.albert_tokenizer import AlbertTokenizer
+from transformer_jax.data.hf_tokenizer import HFTokenizer
+from transformer_jax.data.lm import CharTokenizer
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -63,10 +73,6 @@ def write_hf_directory(out_dir: str, hf_config: dict, state_dict: dict[str, Any]
   an empty directory. Returns the absolute `out_dir`.
   """
   out_dir = check_out_dir(out_dir)
-  try:
-    from safetensors.numpy import save_file
-  except ImportError:
-    raise ConfigError('exporting needs the safetensors package: pip install safetensors') from None
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out_dir)}.tmp-')
@@ -118,9 +124,9 @@ def char_tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   pre-tokeniser (text is taken as it is), decoded by joining the characters."""
 
   def write(directory: str):
-    from tokenizers import Tokenizer, decoders, models
     chars = tokenizer.chars
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    vocab = {c: i for i, c in enumerate(chars)}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.decoder = decoders.Fuse()
     backend.save(os.path.join(directory, 'tokenizer.json'))
     _write_json(
@@ -141,12 +147,11 @@ def sentencepiece_backend(serialized: bytes):
   (merges ranked by piece score), control and unknown pieces as special tokens.
   """
   try:
+    # lazy: protobuf, which this module needs and sentencepiece does not, is optional
     from sentencepiece import sentencepiece_model_pb2
-  except ImportError:  # it needs protobuf, which sentencepiece itself does not
+  except ImportError:
     raise ConfigError('exporting a SentencePiece tokenizer needs protobuf: pip install '
                       'protobuf') from None
-  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-  from tokenizers import pre_tokenizers
   Piece = sentencepiece_model_pb2.ModelProto.SentencePiece  # piece types: NORMAL, CONTROL, ...
   proto = sentencepiece_model_pb2.ModelProto()
   proto.ParseFromString(serialized)
@@ -170,7 +175,7 @@ def sentencepiece_backend(serialized: bytes):
   else:
     raise DataError('only Unigram and BPE SentencePiece models can be exported, not model_type '
                     f'{sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)}')
-  backend = Tokenizer(model)
+  backend = tokenizers.Tokenizer(model)
   steps = []
   if spec.precompiled_charsmap:
     steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
@@ -221,7 +226,6 @@ def sentencepiece_tokenizer_files(tokenizer, max_len: int,
   sentinels = [f'<extra_id_{i}>' for i in reversed(range(num_sentinels))]  # ids base_size, ...
 
   def write(directory: str):
-    from tokenizers import AddedToken
     backend = sentencepiece_backend(serialized)
     taken = [t for t in sentinels if backend.token_to_id(t) is not None]
     if taken:
@@ -293,12 +297,6 @@ def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
   SentinelTokenizer, a T5 workflow's tokenizer) is its base's files plus T5's '<extra_id_i>'
   tokens; only a SentencePiece base can take them. Anything else: one ConfigError naming it.
   """
-  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
-  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-  from transformer_jax.data.hf_tokenizer import HFTokenizer
-  from transformer_jax.data.lm import CharTokenizer
-  from transformer_jax.data.tokenizer import Tokenizer
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   base, sentinels = tokenizer, 0
   while hasattr(base, 'num_sentinels') and hasattr(base, 'base'):
     base, sentinels = base.base, sentinels + int(base.num_sentinels)
@@ -324,5 +322,4 @@ def tokenizer_files(tokenizer, max_len: int) -> TokenizerFiles:
 def converters(family: str, heads: dict | None = None, special_ids: dict | None = None):
   """(config_to_hf(cfg) -> dict, export_state_dict(cfg, params) -> dict) of the family called
   `family` (convert/families.py: `Family.exporters` says what `heads` and `special_ids` are)."""
-  from transformer_jax.convert import families
   return families.named(family).exporters(heads, special_ids)

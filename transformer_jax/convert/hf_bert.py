@@ -34,6 +34,7 @@ from transformer_jax.convert.name_table import (ParamReader, Table, TableBuilder
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
+from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.models.bert import bert_config, bert_heads  # bert_heads: re-exported
 
 # HF 'gelu' is the exact erf form; the *_new/_fast/_pytorch_tanh names are the tanh approximation.
@@ -206,7 +207,6 @@ def convert_bert_state_dict(state: Mapping[str, Any], cfg: TransformerConfig,
 def load(directory: str, **overrides) -> HFModel:
   """The HF BERT folder `directory` with its WordPiece tokenizer (families.py's converter
   interface)."""
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   hf_config = read_hf_config(directory, 'config.json, model.safetensors and vocab.txt')
   cfg, type_vocab_size = bert_config_from_hf(hf_config, **overrides)
   state = read_state_dict(directory)

@@ -21,6 +21,7 @@ import os
 import struct
 from typing import Any, Mapping
 
+import ml_dtypes
 import numpy as np
 from absl import logging
 
@@ -62,7 +63,6 @@ def load_safetensors(path: str) -> dict[str, np.ndarray]:
   The format is an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
   data_offsets}} and the raw little-endian tensor bytes.
   """
-  import ml_dtypes
   dtypes = dict(_SAFETENSORS_DTYPES, BF16=ml_dtypes.bfloat16)
   try:
     with open(path, 'rb') as f:
@@ -100,7 +100,7 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
     logging.warning(
         '%s has no model.safetensors: reading the legacy pytorch_model.bin with '
         'torch.load(weights_only=True)', directory)
-    import torch
+    import torch  # lazy: torch is optional (the parity extra), read only for this legacy file
     loaded = torch.load(legacy, weights_only=True, map_location='cpu')
     # numpy has no bfloat16: widen floating tensors to float32 (the params' dtype anyway).
     return {

@@ -20,9 +20,13 @@ families check and name bad tensors the same way:
 
 from typing import Any, Callable, Mapping
 
+import flax
+import flax.linen as nn
+import jax
 import numpy as np
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.layers.scan_layout import unstack_layers
 
 # HF name -> (our param path, HF shape, HF array -> ours, our array -> HF's).
 Table = dict[str, tuple[tuple[str, ...], tuple[int, ...], Callable, Callable]]
@@ -175,9 +179,6 @@ def params_to_numpy(params) -> dict:
   """`params` (jax or numpy leaves, boxed or not, either layer layout) as a nested dict of
   numpy arrays in the unrolled layout ('layer_0', 'layer_1', ...) the converters read and
   write."""
-  import flax.linen as nn
-  import jax
-  from transformer_jax.layers.scan_layout import unstack_layers
   return unstack_layers(jax.tree.map(np.asarray, jax.device_get(nn.meta.unbox(params))))
 
 
@@ -187,7 +188,6 @@ class ParamReader:
   be an inverse."""
 
   def __init__(self, params, family: str, dtype=np.float32):
-    import flax
     self.params = flax.traverse_util.flatten_dict(params_to_numpy(params), sep='/')
     self.family, self.dtype, self.read = family, dtype, set()
 

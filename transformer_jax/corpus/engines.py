@@ -79,7 +79,7 @@ def _one_tokenizer_thread():
 
 def _run_ray(fn: Callable, tasks: list, address: str) -> Iterator[tuple]:
   try:
-    import ray
+    import ray  # lazy: Ray is optional (the ray extra) and only --engine=ray needs it
   except ImportError:
     raise ConfigError('--engine=ray needs Ray: pip install -e ".[ray]"') from None
   started = not ray.is_initialized()

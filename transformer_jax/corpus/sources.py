@@ -385,7 +385,7 @@ def read_documents(unit: Unit, options: ReadOptions, invalid: Invalid) -> Iterat
 
 def _parquet_row_groups(path: str) -> int:
   try:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow is optional (the parquet extra)
   except ImportError:
     raise DataError(f'{path}: reading Parquet needs pyarrow: pip install -e ".[parquet]"') from None
   try:
@@ -395,7 +395,7 @@ def _parquet_row_groups(path: str) -> int:
 
 
 def _parquet_documents(unit: Unit, field: str) -> Iterator[str]:
-  import pyarrow.parquet as pq
+  import pyarrow.parquet as pq  # lazy: optional (the parquet extra); _parquet_row_groups checked it
   table = pq.ParquetFile(unit.path).read_row_group(unit.start)
   if field not in table.column_names:
     raise DataError(f'{unit.path} has no column {field!r} (it has {table.column_names}); set '

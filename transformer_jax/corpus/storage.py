@@ -25,7 +25,7 @@ def local_path(path: str) -> str:
 
 def _filesystem(path: str):
   try:
-    import fsspec
+    import fsspec  # lazy: fsspec is optional (the gcs extra), for remote paths only
   except ImportError:
     raise DataError(f'{path} is not a local path and fsspec is not installed: '
                     'pip install -e ".[gcs]" (fsspec and gcsfs)') from None

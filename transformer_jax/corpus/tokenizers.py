@@ -21,6 +21,7 @@ from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.files import write_atomically
 
 FILE_NAMES = {
     'char': 'tokenizer.json', 'sentencepiece': 'spm.model', 'byte_bpe': 'tokenizer',
@@ -57,7 +58,6 @@ def save(tokenizer, kind: str, path: str):
   if kind == 'char':
     tokenizer.save(path)
   elif kind == 'sentencepiece':
-    from transformer_jax.files import write_atomically
     write_atomically(path, tokenizer.serialized_proto)
   elif kind == 'wordpiece':
     tokenizer.save(path)

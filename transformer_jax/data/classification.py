@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 from transformer_jax.data.batches import ShuffledEpochBatches
+from transformer_jax.data.tfds_text import import_tfds
 from transformer_jax.errors import DataError
 
 Batch = dict[str, np.ndarray]
@@ -129,7 +130,6 @@ def load_glue_tfds(data_dir: str | None = None, name: str = 'glue/sst2',
   """{'train', 'dev'} from a TFDS GLUE task: train and validation (MNLI: validation_matched).
   Single-sentence tasks give strings, pair tasks (first, second) tuples. GLUE's test splits
   have no labels (-1), so they are never read."""
-  from transformer_jax.data.tfds_text import import_tfds
   tfds = import_tfds()
   task = glue_task(name)
   features = GLUE_FEATURES[task]

@@ -22,7 +22,10 @@ import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import sentencepiece as spm
 from absl import logging
+from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors,
+                        trainers)
 
 from transformer_jax.data.tokenizer import SentencePieceEncoding
 from transformer_jax.errors import ConfigError, DataError
@@ -111,7 +114,6 @@ class _SentencePiece(SentencePieceEncoding):
   """A SentencePiece model file (LLaMA's tokenizer.model), with SentencePiece's own ids."""
 
   def __init__(self, serialized: bytes):
-    import sentencepiece as spm
     self.serialized = serialized
     self.processor = spm.SentencePieceProcessor()
     self.processor.LoadFromSerializedProto(serialized)
@@ -150,7 +152,6 @@ def train_byte_level_backend(texts: Iterable[str], vocab_size: int, special_toke
   GPT-2's pipeline (its regex split, bytes shown as printable characters, no prefix space)
   learned from the non-empty `texts`, `special_tokens` its first ids. ConfigError if
   `vocab_size` cannot hold every byte and the special tokens; DataError if there is no text."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   if vocab_size < len(alphabet) + len(special_tokens):
     raise ConfigError(f'a byte-level BPE needs vocab_size >= '
@@ -263,7 +264,6 @@ class HFTokenizer:
     are the most frequent merges. '<|endoftext|>' is id 0 (GPT-2 has it last, 50256), the id
     that generation pads with after an EOS, so a padded row reads as repeated EOS.
     """
-    from tokenizers import processors
     tokenizer, seen = train_byte_level_backend(texts, vocab_size, [GPT2_EOS],
                                                min_frequency=min_frequency)
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -341,7 +341,6 @@ class HFTokenizer:
 
 
 def _load_tokenizer_json(path: str):
-  from tokenizers import Tokenizer
   try:
     return Tokenizer.from_file(path)
   except Exception as e:  # tokenizers raises plain Exception for unreadable or malformed files
@@ -350,7 +349,6 @@ def _load_tokenizer_json(path: str):
 
 def _load_gpt2_files(vocab_path: str, merges_path: str, names: dict[str, str]):
   """GPT-2's original files as transformers' GPT2TokenizerFast reads them."""
-  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
   for path in (vocab_path, merges_path):
     if not os.path.exists(path):
       other = MERGES_TXT if path == vocab_path else VOCAB_JSON

@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 from absl import logging
+from tokenizers import Tokenizer, processors
 
 from transformer_jax.data.hf_tokenizer import (SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG, HFTokenizer,
                                                special_token_names, train_byte_level_backend)
@@ -188,7 +189,6 @@ class RobertaTokenizer:
 def _write_files(directory: str, tokenizer_json: str, names: dict[str, str],
                  max_len: int | None = None) -> None:
   """The tokenizer files of `save` from a tokenizer.json text (see `RobertaTokenizer.save`)."""
-  from tokenizers import Tokenizer, processors
   backend = Tokenizer.from_str(tokenizer_json)
   token_id = backend.token_to_id
   backend.post_processor = processors.RobertaProcessing((names['sep'], token_id(names['sep'])),

@@ -9,7 +9,11 @@ reads either and checks that pad and eos are T5's (and the project's) 0 and 1.
 import json
 import os
 
+import numpy as np
+import sentencepiece as spm
+
 from transformer_jax.data import span_corruption
+from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_tokens import EOS_ID, PAD_ID
 
@@ -62,7 +66,6 @@ class HFT5Tokenizer:
     """Text of `ids` up to the first EOS, without PAD and ids beyond the tokenizer (rows a
     checkpoint's embedding has on top, e.g. t5-small's last 28)."""
     if hasattr(ids, '__array__'):  # a NumPy or JAX array: convert in one go
-      import numpy as np
       ids = np.asarray(ids).reshape(-1).tolist()
     kept = []
     for token in map(int, ids):
@@ -99,7 +102,6 @@ class _SentencePieceIds:
   """A bare spiece.model with its own ids (T5's: pad 0, eos 1, unk 2, no bos)."""
 
   def __init__(self, path: str):
-    import sentencepiece as spm
     self.processor = spm.SentencePieceProcessor()
     try:
       with open(path, 'rb') as f:
@@ -135,7 +137,6 @@ def load_hf_t5_tokenizer(directory: str, *, copied: bool = False) -> HFT5Tokeniz
   as sentinels. ConfigError unless its pad and eos are T5's 0 and 1."""
   path = lambda name: os.path.join(directory, name)
   if os.path.isfile(path(TOKENIZER_JSON)):
-    from transformer_jax.data.hf_tokenizer import HFTokenizer
     base, count = HFTokenizer.from_dir(directory), 0
   elif os.path.isfile(path(SPIECE_MODEL)):
     base, count = _SentencePieceIds(path(SPIECE_MODEL)), 100

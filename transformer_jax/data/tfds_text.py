@@ -23,7 +23,7 @@ def import_tfds():
   TFDS and TensorFlow (about 600 MB) are the `tfds` extra, not a dependency: only the corpora
   read through TFDS need them, not the layers or runs on text files."""
   try:
-    import tensorflow_datasets
+    import tensorflow_datasets  # lazy: the tfds extra; importing TensorFlow takes seconds
   except ImportError as error:
     raise DataError(f'reading a TFDS corpus needs TensorFlow Datasets ({error}); install the '
                     'tfds extra: pip install -e ".[tfds]"') from None

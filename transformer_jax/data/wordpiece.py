@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable
 
 import numpy as np
+from tokenizers import BertWordPieceTokenizer
 
 from transformer_jax.errors import DataError
 from transformer_jax.files import write_atomically
@@ -20,7 +21,6 @@ class WordPieceTokenizer:
   """ids <-> text with BERT's special tokens; `encode` never adds [CLS]/[SEP] itself."""
 
   def __init__(self, vocab: dict[str, int], lowercase: bool = True):
-    from tokenizers import BertWordPieceTokenizer
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
       raise DataError(f'WordPiece vocabulary lacks the special token(s) {missing}')
@@ -54,7 +54,6 @@ class WordPieceTokenizer:
   def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True,
             min_frequency: int = 2) -> 'WordPieceTokenizer':
     """A WordPiece vocabulary of at most `vocab_size` tokens learned from `texts`."""
-    from tokenizers import BertWordPieceTokenizer
     trainer = BertWordPieceTokenizer(lowercase=lowercase)
     trainer.train_from_iterator(iter(texts), vocab_size=vocab_size, min_frequency=min_frequency,
                                 special_tokens=list(SPECIAL_TOKENS), show_progress=False)

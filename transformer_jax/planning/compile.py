@@ -42,10 +42,21 @@ import re
 import time
 from collections.abc import Callable
 
+import jax
+from flax import linen as nn
+from jax._src.lib import xla_client
+from jax.experimental import topologies
+
+from transformer_jax import flops
+from transformer_jax.cli import validation
 from transformer_jax.errors import ConfigError
+from transformer_jax.parallel import sharding
 from transformer_jax.planning import collectives, runtime, traffic
 from transformer_jax.planning.targets import GIB, Target
 from transformer_jax.sections import Mesh, ModelChoices, RunSections, section_of
+from transformer_jax.training.optimizer import make_optimizer
+from transformer_jax.training.train_step import build_train_step
+from transformer_jax.workflows import experiment_kinds
 
 FORMULA = ('time = max(flops / peak_flops, bytes_accessed / hbm_bandwidth) per device; '
            'MFU = model_flops / (time * peak_flops)')
@@ -59,7 +70,6 @@ class DoesNotFitError(ConfigError):
 
 def mesh_shape(config, target: Target) -> tuple[int, ...]:
   """config.mesh over the target's chips; one ConfigError line naming the target otherwise."""
-  from transformer_jax.parallel import sharding
   try:
     return sharding.mesh_shape(section_of(config, 'mesh', Mesh).as_dict(), target.chips)
   except ConfigError as error:
@@ -70,7 +80,6 @@ def check_config(config, target: Target, global_batch: int):
   """The run's own checks (`cli/validation.check_training`: train.*, the mesh and the batch,
   the attention kernel) against the target's chips and platform, not this host's devices; no
   jax.distributed is started."""
-  from transformer_jax.cli import validation
   mesh_shape(config, target)
   validation.check_training(config, global_batch, num_devices=target.chips,
                             platform=target.platform)
@@ -80,7 +89,6 @@ def topology_devices(target: Target) -> list:
   """The target's compile-only devices, described by libtpu or jax's CUDA plugin (a fraction
   of a second)."""
   runtime.require(target.platform)
-  from jax.experimental import topologies
   if target.platform == 'gpu':
     description = topologies.get_topology_desc(platform='cuda', topology=target.topology,
                                                target_config=target.chip.target_config())
@@ -110,7 +118,6 @@ def memory_fraction(target: Target) -> float:
 
 def shard_bytes(tree) -> int:
   """Bytes one device holds of a pytree of sharded jax.ShapeDtypeStructs (the largest shard)."""
-  import jax
   total = 0
   for leaf in jax.tree.leaves(tree):
     shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
@@ -149,13 +156,6 @@ def plan(config, target: Target) -> dict:
   target's chips); DoesNotFitError when the program does not fit in the chip's memory (after the
   figures are known: `error.plan` holds them), or when the TPU compiler refuses it as too big.
   """
-  import jax
-  from flax import linen as nn
-  from transformer_jax import flops
-  from transformer_jax.parallel import sharding
-  from transformer_jax.training.optimizer import make_optimizer
-  from transformer_jax.training.train_step import build_train_step
-  from transformer_jax.workflows import experiment_kinds
   experiment = experiment_kinds.of_config(config)
   mesh_axes = dict(zip(sharding.MESH_AXES, mesh_shape(config, target)))  # before the task:
   # translation sizes its batch by the mesh
@@ -250,7 +250,6 @@ def lower_and_compile(step, args: tuple, mesh, target: Target, advice: Callable[
   """(lowered step, compiled step, lower seconds, compile seconds) of the jitted `step` on the
   abstract `args`, lowered inside `mesh` and the logical-axis `rules` (the trainer's unless
   given); a TPU compiler's out-of-memory refusal as DoesNotFitError ending with `advice()`."""
-  from transformer_jax.parallel import sharding
   start = time.time()
   with sharding.use_mesh(mesh, rules or sharding.LOGICAL_AXIS_RULES):
     lowered = step.lower(*args)
@@ -275,8 +274,6 @@ def program_cost(lowered, chips: int) -> dict:
   real traffic, so `traffic.py` counts those.) XLA counts a loop body once, whatever its trip
   count, so a program with loops (scanned layers, the sliced loss) raises LookupError: the
   model's count is then nearer."""
-  import jax
-  from jax._src.lib import xla_client
   module = lowered.compiler_ir('hlo').get_hlo_module()
   if re.search(r'\bwhile\(', module.to_string()):
     raise LookupError('the program has loops, whose bodies XLA counts once')

@@ -34,13 +34,21 @@ for a language model) in its cache (`inference/generation.py`), so S is at most 
 
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
 from transformer_jax.errors import ConfigError
+from transformer_jax.parallel import sharding
 from transformer_jax.planning import collectives
 from transformer_jax.planning.compile import (DoesNotFitError, lower_and_compile, memory_figures,
                                               memory_fraction, memory_name, mesh_shape, shard_bytes,
                                               topology_devices)
 from transformer_jax.planning.targets import GIB, Target
 from transformer_jax.sections import RunSections
+from transformer_jax.training import train_step
+from transformer_jax.workflows import experiment_kinds
 
 FORMULA = ('time = (parameter bytes + cache bytes) / hbm_bandwidth per device; '
            'tokens/s = batch / time')
@@ -50,7 +58,6 @@ BATCH_AXES = ('data', 'fsdp')  # the mesh axes a batch's rows are split over (sh
 
 def check_request(config, batch: int, slots: int):
   """The experiment and the sizes asked for: one ConfigError line unless a language model's."""
-  from transformer_jax.workflows import experiment_kinds
   experiment = experiment_kinds.of_config(config)
   if experiment.name != experiment_kinds.LM:
     raise ConfigError(
@@ -67,8 +74,6 @@ def cache_shardings(cache, mesh):
   """(a NamedSharding per leaf of `cache`, whether its rows are split): the leaves' first axis
   (rows) over the mesh's batch axes when there are several and every such axis divides by
   their size, else replicated; scalar leaves are replicated."""
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
   ways = math.prod(mesh.shape[axis] for axis in BATCH_AXES)
   rows = {leaf.shape[0] for leaf in jax.tree.leaves(cache) if leaf.ndim}
   split = ways > 1 and all(r % ways == 0 for r in rows)
@@ -80,13 +85,11 @@ def cache_shardings(cache, mesh):
 def kv_cache_bytes(cache) -> int:
   """Bytes one device holds of the keys and values of a cache of sharded ShapeDtypeStructs
   (its leaves of rank >= 2: a position counter is a scalar or one int per row)."""
-  import jax
   return shard_bytes([leaf for leaf in jax.tree.leaves(cache) if leaf.ndim >= 2])
 
 
 def analytic_kv_cache_bytes(cfg, batch: int, slots: int) -> int:
   """Bytes of the whole KV cache of a decoder of `cfg` (keys and values of every layer)."""
-  import numpy as np
   itemsize = np.dtype(cfg.dtype).itemsize
   return 2 * cfg.num_decoder_layers * batch * slots * cfg.num_kv_heads * cfg.head_dim * itemsize
 
@@ -101,7 +104,6 @@ def _decode_rules(rows_split: bool):
   own part of the cache instead of gathering it. Rows that do not divide stay whole ('batch'
   unsplit), as the cache does.
   """
-  from transformer_jax.parallel import sharding
   if rows_split:
     return sharding.LOGICAL_AXIS_RULES
   return tuple(
@@ -117,10 +119,6 @@ def plan_decode(config, target: Target, batch: int, slots: int) -> dict:
   figures are known: `error.plan` holds them), or before compiling when the parameters and the
   cache alone do not.
   """
-  import jax
-  import jax.numpy as jnp
-  from transformer_jax.parallel import sharding
-  from transformer_jax.training import train_step
   experiment = check_request(config, batch, slots)
   mesh_axes = dict(zip(sharding.MESH_AXES, mesh_shape(config, target)))
   task, _ = experiment.abstract_task(config, num_devices=target.chips)

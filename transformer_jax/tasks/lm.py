@@ -21,6 +21,7 @@ import numpy as np
 from absl import logging
 from flax import struct
 
+from transformer_jax.data import lm as lm_data
 from transformer_jax.errors import ConfigError
 from transformer_jax.inference import generation, lm_beam_search, search
 from transformer_jax.layers import kernel_layout, scan_layout
@@ -29,6 +30,7 @@ from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import KERNEL_LAYOUTS, TransformerConfig
 from transformer_jax.models.gpt import GPT
 from transformer_jax import flops
+from transformer_jax.visualize import attention_maps, heatmaps
 
 # The line whose attention maps go to TensorBoard at every evaluation ('' = none).
 ATTENTION_TEXT = 'To be, or not to be, that is the question.'
@@ -296,8 +298,6 @@ class LanguageModelTask:
     """Self-attention maps (layers x heads) of the model reading a fixed line, for TensorBoard."""
     if self.tokenizer is None or not self.attention_text:
       return {}
-    from transformer_jax.data import lm as lm_data
-    from transformer_jax.visualize import attention_maps, heatmaps
     if isinstance(self.tokenizer, lm_data.CharTokenizer):
       ids = self.tokenizer.encode(self.attention_text, skip_unknown=True)
     else:

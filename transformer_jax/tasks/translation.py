@@ -22,6 +22,7 @@ from transformer_jax.layers.losses import projected_cross_entropy_sums
 from transformer_jax.model_config import TransformerConfig
 from transformer_jax.models import EncoderDecoder
 from transformer_jax import flops
+from transformer_jax.visualize import attention_maps, heatmaps
 
 # The keys of a packed batch (data/packing.py) beyond 'inputs' and 'targets'.
 PACKING_KEYS = ('inputs_segment_ids', 'inputs_positions', 'targets_segment_ids',
@@ -176,7 +177,6 @@ class TranslationTask:
     reference teacher-forced: the same sentence at every evaluation, for TensorBoard."""
     if not self.eval_sources or self.src_tokenizer is None:
       return {}
-    from transformer_jax.visualize import attention_maps, heatmaps
     maps = attention_maps.translation_attention(self.model, params, self.src_tokenizer,
                                                 self.tgt_tokenizer, self.eval_sources[0],
                                                 self.eval_references[0])

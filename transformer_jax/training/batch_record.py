@@ -19,6 +19,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 FILE_NAME = 'batches.jsonl'
 
@@ -37,7 +38,6 @@ def global_batch(local: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The global batch from this process's rows (processes hold contiguous rows, in order)."""
   if jax.process_count() == 1:
     return local
-  from jax.experimental import multihost_utils
   return multihost_utils.process_allgather(local, tiled=True)
 
 

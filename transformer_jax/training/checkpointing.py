@@ -16,6 +16,7 @@ import contextlib
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -177,7 +178,6 @@ def restore_params_only(directory: str, abstract_params=None) -> dict:
   An unreadable checkpoint is logged and the one before it tried, as `Checkpointer.restore`
   does; nothing is written (no directory is created). ConfigError if no checkpoint can be read.
   """
-  import numpy as np
   directory = os.path.abspath(directory)
   if not os.path.isdir(directory):
     raise ConfigError(f'no checkpoint in {directory}: train first')

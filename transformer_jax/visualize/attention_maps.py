@@ -16,7 +16,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sentencepiece as spm
+from jax.experimental import multihost_utils
 
+from transformer_jax.data import lm as lm_data
 from transformer_jax.errors import DataError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -78,7 +81,6 @@ def collect_attention(model: nn.Module, params, *args,
   with nn.logical_axis_rules(()):
     sown = _sown_weights(model, params, tuple(args), method)
   if jax.process_count() > 1:  # the output may be split over hosts: gather it everywhere
-    from jax.experimental import multihost_utils
     sown = multihost_utils.process_allgather(sown, tiled=True)
   sown = jax.device_get(sown)
   found = {}
@@ -122,7 +124,6 @@ class TokenLabeler:
     self._pieces = None
     proto = getattr(tokenizer, 'serialized_proto', None)
     if proto is not None:
-      import sentencepiece as spm
       processor = spm.SentencePieceProcessor()
       processor.LoadFromSerializedProto(proto)
       self._pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
@@ -180,7 +181,6 @@ def lm_attention(model, params, tokenizer, text: str, *,
                  ids: Sequence[int] | None = None) -> list[AttentionMap]:
   """Causal self-attention of a `GPT` reading `text` (or the given token `ids`)."""
   if ids is None:
-    from transformer_jax.data import lm as lm_data
     ids = lm_data.prompt_ids(tokenizer, text)  # what generation feeds: EOS first for subwords
   ids = list(ids)
   if len(ids) > model.cfg.max_len:

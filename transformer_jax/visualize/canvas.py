@@ -11,6 +11,8 @@ DPI = 100
 
 
 def new_figure(width: float, height: float):
+  # lazy: matplotlib adds 0.6-0.8 s to start-up (measured); the tasks import this module but
+  # draw only when an evaluation asks for pictures
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   figure = Figure(figsize=(width, height), dpi=DPI, layout='constrained')

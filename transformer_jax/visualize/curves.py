@@ -53,7 +53,7 @@ def plot_curves(metrics: dict[str, tuple[np.ndarray, np.ndarray]], title: str = 
         ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3, label=key)
     values = np.concatenate([metrics[k][1] for k in keys if k in metrics])
     if log_scale and np.all(values > 0) and values.max() > 20 * values.min():
-      from matplotlib import ticker
+      from matplotlib import ticker  # lazy: as canvas.py imports matplotlib (its cost)
       ax.set_yscale('log')
       ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
       ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))

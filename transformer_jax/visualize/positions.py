@@ -4,13 +4,13 @@ import math
 
 import numpy as np
 
+from transformer_jax.layers.position import sinusoidal_table
 from transformer_jax.visualize.canvas import new_figure
 
 
 def plot_positions(length: int = 100, width: int = 128, base: float = 10000.0):
   """The sinusoidal encoding matrix, a few of its dimensions as waves, and the dot product of
   every pair of positions (high near the diagonal: nearby positions look alike)."""
-  from transformer_jax.layers.position import sinusoidal_table
   table = sinusoidal_table(length, width, base)
   figure = new_figure(16.0, 4.8)
   left, middle, right = figure.subplots(1, 3, width_ratios=[1.25, 1.0, 1.0])

@@ -30,7 +30,9 @@ from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.convert import families
+from transformer_jax.data.albert_tokenizer import AlbertTokenizer
 from transformer_jax.data.bert_pretrain import PAIR_TASKS
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.layers import scan_layout
 from transformer_jax.model_config import RUNTIME_FIELDS, model_section
@@ -51,8 +53,6 @@ class Imported:
 
 def _tokenizer_type(tokenizer) -> str:
   """The tokenizer.type of an imported encoder's tokenizer."""
-  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
-  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
   if isinstance(tokenizer, RobertaTokenizer):
     return 'byte_bpe'
   if isinstance(tokenizer, AlbertTokenizer):

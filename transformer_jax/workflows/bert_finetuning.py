@@ -15,7 +15,10 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
+from transformer_jax.data import classification
 from transformer_jax.errors import ConfigError
+from transformer_jax.tasks.bert import BertClassificationTask
+from transformer_jax.training.trainer import Trainer
 from transformer_jax.workflows.bert_init import (init_model_config, load_init, overlay_params,
                                                  save_tokenizer)
 from transformer_jax.workflows.bert_sections import ClassificationData, FineTuning
@@ -31,7 +34,6 @@ def classification_data(config) -> ClassificationData:
 
 
 def load_classification_data(config) -> dict:
-  from transformer_jax.data import classification
   data = classification_data(config)
   if data.source == 'tsv':
     if not data.dir:
@@ -54,8 +56,7 @@ def is_pair_task(config) -> bool:
   """Whether examples are sentence pairs: two data.text_columns, or a TFDS GLUE pair task."""
   data = classification_data(config)
   if data.source == 'tfds':
-    from transformer_jax.data.classification import GLUE_FEATURES, glue_task
-    return len(GLUE_FEATURES[glue_task(data.tfds_name)]) == 2
+    return len(classification.GLUE_FEATURES[classification.glue_task(data.tfds_name)]) == 2
   return len(data.text_columns) == 2
 
 
@@ -68,14 +69,12 @@ def validate_finetune(config) -> FineTuning:
   validation.check_training(run.config, data.batch_size)
   data.class_names()
   if data.source == 'tfds':
-    from transformer_jax.data.classification import glue_task
-    glue_task(data.tfds_name)
+    classification.glue_task(data.tfds_name)
   return run
 
 
 def classification_task(config, cfg, type_vocab_size: int):
   """The `BertClassificationTask` of a fine-tuning config on the model config `cfg`."""
-  from transformer_jax.tasks.bert import BertClassificationTask
   return BertClassificationTask(cfg,
                                 classification_data(config).num_labels,
                                 type_vocab_size=type_vocab_size)
@@ -84,8 +83,6 @@ def classification_task(config, cfg, type_vocab_size: int):
 def finetune(config, workdir: str) -> dict:
   """Fine-tunes a pretrained BERT on sentence classification; returns final metrics with
   'dev_accuracy' (accuracy on the whole dev split)."""
-  from transformer_jax.data import classification
-  from transformer_jax.training.trainer import Trainer
   run = validate_finetune(config)
   data = run.data
   splits = load_classification_data(run)

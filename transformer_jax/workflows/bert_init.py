@@ -13,7 +13,12 @@ import json
 import os
 
 from transformer_jax.cli.workdir import load_saved_config
-from transformer_jax.errors import ConfigError
+from transformer_jax.convert import families
+from transformer_jax.data import albert_tokenizer
+from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+from transformer_jax.data.wordpiece import WordPieceTokenizer
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import with_overrides
 # overlay_params and save_tokenizer: what fine-tuning does with what it starts from, named here
 # for the fine-tuning workflows (bert_finetuning.py, token_classification.py).
@@ -26,8 +31,6 @@ from transformer_jax.workflows.bert_sections import FineTuning, Pretraining
 def hf_family(hf_dir: str):
   """The encoder family (convert/families.py) of init.hf_dir if fine-tuning can start from it,
   else one ConfigError line naming it. Reads config.json only."""
-  from transformer_jax.convert import families
-  from transformer_jax.errors import DataError
   tunable = [f.name for f in families.FAMILIES if f.kind == families.ENCODER and f.tokenizer]
   try:
     family = families.of_directory(hf_dir)
@@ -60,13 +63,11 @@ def init_model_config(config):
   if init.bert_workdir:
     saved = Pretraining.of(load_saved_config(init.bert_workdir))
     if saved.tokenizer.type == 'sentencepiece':  # continued from an imported ALBERT
-      from transformer_jax.data import albert_tokenizer
       tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
       if not albert_tokenizer.is_saved_here(tokenizer_dir):
         raise ConfigError(f'no ALBERT tokenizer in {tokenizer_dir}: pretrain first')
       vocab_size = albert_tokenizer.AlbertTokenizer.from_dir(tokenizer_dir).vocab_size
     elif saved.tokenizer.type == 'byte_bpe':
-      from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
       tokenizer_dir = os.path.join(init.bert_workdir, TOKENIZER_DIR)
       if not os.path.isfile(os.path.join(tokenizer_dir, 'tokenizer.json')):
         raise ConfigError(f'no {TOKENIZER_DIR}/tokenizer.json in {init.bert_workdir}: pretrain '
@@ -111,18 +112,14 @@ def finetune_tokenizer(config, workdir: str):
   WORKDIR/vocab.txt, lowercased as its starting model's."""
   directory = os.path.join(workdir, TOKENIZER_DIR)
   if os.path.isdir(directory):
-    from transformer_jax.data import albert_tokenizer
-    from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
     if albert_tokenizer.is_saved_here(directory):
       return albert_tokenizer.AlbertTokenizer.from_dir(directory)
     return RobertaTokenizer.from_dir(directory)
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   path = os.path.join(workdir, VOCAB_FILE)
   if not os.path.isfile(path):
     raise ConfigError(f'no {VOCAB_FILE} or {TOKENIZER_DIR}/ in {workdir}: fine-tune first')
   init = FineTuning.of(config).init
   if init.hf_dir:
-    from transformer_jax.data.hf_tokenizer import tokenizer_lowercase
     lowercase = tokenizer_lowercase(init.hf_dir)  # as the WordPiece family's load reads it
   else:
     lowercase = Pretraining.of(load_saved_config(init.bert_workdir)).tokenizer.lowercase

@@ -34,9 +34,17 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import load_saved_config, save_config
+from transformer_jax.corpus.reader import PreparedCorpus
+from transformer_jax.data import albert_tokenizer, bert_pretrain
+from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
+from transformer_jax.data.tfds_text import load_tfds_train_valid
+from transformer_jax.data.wordpiece import WordPieceTokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.model_config import model_config_from_dict
 from transformer_jax.workflows import bert_continue
+from transformer_jax.tasks.bert import BertPretrainTask
+from transformer_jax.training import trained_model
+from transformer_jax.training.trainer import Trainer
 from transformer_jax.workflows.bert_sections import Pretraining
 
 VOCAB_FILE = 'vocab.txt'
@@ -49,7 +57,6 @@ CORPUS_TOKENIZERS = {'wordpiece': 'wordpiece', 'byte_bpe': 'roberta_bpe'}
 def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
   """(training documents, held-out documents), each a list of sentence lines ('files' and
   'tfds'; a prepared corpus has ids, not text: `prepared_documents`)."""
-  from transformer_jax.data import bert_pretrain
   run = Pretraining.of(config)
   data = run.data
   if data.source == 'prepared':
@@ -63,7 +70,6 @@ def load_documents(config) -> tuple[list[list[str]], list[list[str]]]:
     for path in paths:
       documents += bert_pretrain.read_documents(path, lines_per_document=data.lines_per_document)
     return bert_pretrain.split_documents(documents, data.valid_fraction, seed=run.seed)
-  from transformer_jax.data.tfds_text import load_tfds_train_valid
   train, valid = load_tfds_train_valid(data)  # data.source 'tfds' (checked on reading)
   to_docs = bert_pretrain.text_to_document
   return ([d for d in map(to_docs, train) if d], [d for d in map(to_docs, valid) if d])
@@ -73,7 +79,6 @@ def open_prepared(config):
   """The `PreparedCorpus` of data.source='prepared' (its manifest read, nothing else), refused
   with one line unless its sentence lines were tokenized by the tokenizer tokenizer.type
   names."""
-  from transformer_jax.corpus.reader import PreparedCorpus
   run = Pretraining.of(config)
   corpus = PreparedCorpus(run.data.prepared)
   kind, wanted = corpus.tokenizer_kind, CORPUS_TOKENIZERS[run.tokenizer.type]
@@ -149,16 +154,13 @@ def pretrain_tokenizer(config, workdir: str, train_documents=None):
     return (line for doc in train_documents for line in doc)
 
   if t.type == 'sentencepiece':
-    from transformer_jax.data import albert_tokenizer
     directory = os.path.join(workdir, TOKENIZER_DIR)
     if not albert_tokenizer.is_saved_here(directory):
       raise ConfigError(f'no ALBERT tokenizer in {directory}: a run continuing an import copies '
                         'it there before its first step; rerun its training command')
     return albert_tokenizer.AlbertTokenizer.from_dir(directory)
   if t.type == 'byte_bpe':
-    from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
     return RobertaTokenizer.load_or_train(os.path.join(workdir, TOKENIZER_DIR), texts, t.vocab_size)
-  from transformer_jax.data.wordpiece import WordPieceTokenizer
   if t.vocab_file:
     return WordPieceTokenizer.from_vocab(t.vocab_file, lowercase=t.lowercase)
   return WordPieceTokenizer.load_or_train(os.path.join(workdir, VOCAB_FILE), texts, t.vocab_size,
@@ -170,9 +172,7 @@ def save_tokenizer(tokenizer, workdir: str) -> None:
   fine-tuning run starts from), where `pretrain_tokenizer` and fine-tuning read theirs:
   WORKDIR/vocab.txt (WordPiece) or WORKDIR/tokenizer/ (RoBERTa's byte-level BPE or ALBERT's
   SentencePiece, HF files)."""
-  from transformer_jax.data.albert_tokenizer import AlbertTokenizer
-  from transformer_jax.data.roberta_tokenizer import RobertaTokenizer
-  if isinstance(tokenizer, (RobertaTokenizer, AlbertTokenizer)):
+  if isinstance(tokenizer, (RobertaTokenizer, albert_tokenizer.AlbertTokenizer)):
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
   else:
     tokenizer.save(os.path.join(workdir, VOCAB_FILE))
@@ -196,7 +196,6 @@ def pretrain_model_config(config, vocab_size: int):
 
 def pretrain_task(config, cfg, eval_batches=()):
   """The `BertPretrainTask` of a pretraining config on the model config `cfg`."""
-  from transformer_jax.tasks.bert import BertPretrainTask
   data = Pretraining.of(config).data
   return BertPretrainTask(cfg, sentence_task=model_sentence_task(data.sentence_task),
                           type_vocab_size=data.type_vocab_size, eval_batches=eval_batches)
@@ -213,7 +212,6 @@ def build_pretrain_task(config, workdir: str, tokenizer=None, eval_batches=()):
 
 def build_pretrain(config, workdir: str, tokenizer=None, eval_batches=()):
   """(task, trainer, tokenizer) for a pretraining config, as `build_pretrain_task`."""
-  from transformer_jax.training.trainer import Trainer
   run = Pretraining.of(config)
   task, tokenizer = build_pretrain_task(run, workdir, tokenizer, eval_batches)
   return task, Trainer(run.config, task, workdir), tokenizer
@@ -236,7 +234,6 @@ def validate_pretrain(config) -> Pretraining:
 
 def pretrain_options(config):
   """The `bert_pretrain.PretrainOptions` of a pretraining config."""
-  from transformer_jax.data import bert_pretrain
   data = Pretraining.of(config).data
   return bert_pretrain.PretrainOptions(max_len=data.max_len, max_predictions=data.max_predictions,
                                        mask_rate=data.mask_rate, sentence_task=data.sentence_task,
@@ -247,7 +244,6 @@ def make_pretrain_data(config, tokenizer, train_documents, valid_documents):
   """(endless training batches, fixed held-out batches). The documents are text ('files',
   'tfds': tokenized here), or with data.source='prepared' the `prepared_documents` views, read
   from the shards as rows are fed."""
-  from transformer_jax.data import bert_pretrain
   run = Pretraining.of(config)
   index, count = jax.process_index(), jax.process_count()
   options = pretrain_options(run)
@@ -307,7 +303,6 @@ def _lines(documents) -> int:
 def restore_pretrained(workdir: str):
   """(model config, params, tokenizer) of a pretraining workdir's latest checkpoint (its
   data.type_vocab_size is `segment_types(load_saved_config(workdir))`)."""
-  from transformer_jax.training import trained_model
   run = Pretraining.of(load_saved_config(workdir))
   task, tokenizer = build_pretrain_task(run, workdir)
   params = jax.device_get(trained_model.restore(run.config, task, workdir).params)

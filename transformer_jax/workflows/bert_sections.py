@@ -30,6 +30,7 @@ import abc
 import dataclasses
 import typing
 
+from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
 from transformer_jax.errors import ConfigError
 from transformer_jax.sections import Section, section_of, value_of
 
@@ -108,7 +109,6 @@ class PretrainData(Rows):
   prepared: str = ''  # 'prepared': the corpus folder (configs written before it have none)
 
   def check(self):
-    from transformer_jax.data.bert_pretrain import PAIR_TASKS, SENTENCE_TASKS
     if self.source not in PRETRAIN_SOURCES:
       # Worded as before 'prepared' came, which tests and users may match.
       raise ConfigError(f"data.source must be 'files' or 'tfds', got {self.source!r} (or "
@@ -234,7 +234,6 @@ class Pretraining(Experiment):
     tokenizer = Tokenizer.of(_section(config, 'tokenizer'), 'tokenizer')
     init = section_of(config, 'init', PretrainInit)
     # WordPiece and ALBERT pairs give segment B the id 1; RoBERTa's gives every token segment 0.
-    from transformer_jax.data.bert_pretrain import PAIR_TASKS
     task, types = data.sentence_task, data.type_vocab_size
     if task in PAIR_TASKS and types < 2 and tokenizer.type != 'byte_bpe':
       name = 'WordPiece' if tokenizer.type == 'wordpiece' else 'SentencePiece'

@@ -24,6 +24,7 @@ from types import ModuleType
 
 from transformer_jax.convert import families
 from transformer_jax.errors import ConfigError
+from transformer_jax.workflows.translation_sections import Translation
 
 LM, TRANSLATION, ENCODER = 'lm', 'translation', 'encoder'  # the values of config.experiment
 
@@ -94,18 +95,15 @@ def _lm_tokenizer(workflow, config, workdir: str):
 
 def _translation_model_config(workflow, config, vocab_size: int):
   # One vocabulary: an exported encoder-decoder shares it (export.family_of checks).
-  from transformer_jax.workflows import translation_model
-  return translation_model.model_config(config, vocab_size, vocab_size), None
+  return workflow.model_config(config, vocab_size, vocab_size), None
 
 
 def _translation_tokenizer(workflow, config, workdir: str):
-  from transformer_jax.workflows import translation_model
-  return translation_model.load_tokenizers(config, workdir)[1]  # the target's: one vocabulary
+  return workflow.target_tokenizer(config, workdir)
 
 
 def _translation_task_params(config) -> dict:
   # A text-to-text workdir's data.source_prefix, where T5 checkpoints keep it.
-  from transformer_jax.workflows.translation_sections import Translation
   prefix = Translation.of(config).data.source_prefix
   return {'translation': {'prefix': prefix}} if prefix else {}
 

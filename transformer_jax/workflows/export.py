@@ -39,6 +39,7 @@ from transformer_jax.cli.workdir import load_saved_config
 from transformer_jax.convert import families
 from transformer_jax.convert.export import check_out_dir, tokenizer_files, write_hf_directory
 from transformer_jax.errors import ConfigError
+from transformer_jax.models.bert import bert_heads
 from transformer_jax.training.checkpointing import restore_params_only
 from transformer_jax.workflows import bert, bert_sections, experiment_kinds
 
@@ -122,7 +123,6 @@ def export_workdir(workdir: str, out_dir: str) -> str:
                       f'has {rows} rows: ids >= {rows} would have no embedding')
   heads = None
   if encoder:
-    from transformer_jax.models.bert import bert_heads
     heads = bert_heads(params)
   to_hf, export_state_dict = family.exporters(heads, files.special_ids)
   hf_config = to_hf(cfg)

@@ -21,6 +21,7 @@ import dataclasses
 import os
 import tempfile
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -205,7 +206,6 @@ def _check_complete(params, imported: dict, hf_dir: str):
   """One ConfigError naming a parameter that the model (`params`, the fresh state's) or the
   import lacks, or whose shapes differ: every parameter is replaced, none is left at its random
   initialisation."""
-  import flax
   target = flax.traverse_util.flatten_dict(params)
   source = flax.traverse_util.flatten_dict(imported)
   for path in sorted(set(target) | set(source)):

@@ -21,6 +21,7 @@ which imports this module, runs the training and evaluation.
 
 import os
 
+import jax
 from absl import logging
 
 from transformer_jax.cli.workdir import save_config
@@ -28,6 +29,7 @@ from transformer_jax.corpus.reader import PreparedCorpus
 from transformer_jax.data import batching, span_corruption, span_corruption_stream, text
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.workflows.t5_init import write_init_tokenizer
+from transformer_jax.parallel.sharding import data_parallel_size
 from transformer_jax.workflows.translation_model import SPM_MODEL, build, load_tokenizers
 from transformer_jax.workflows.translation_sections import Translation
 
@@ -146,7 +148,6 @@ def _text_data(run, workdir: str, pretrained=None):
   valid_src, valid_tgt, valid_pairs = _valid_pairs(run, tokenizer, valid_chunks)
   task, trainer, _ = build(run, workdir, valid_pairs=valid_pairs, tokenizers=tokenizers)
 
-  import jax
   batch_kwargs = dict(batch_tokens=data.batch_tokens,
                       buckets=batching.bucket_lengths(data.max_len, data.buckets),
                       process_index=jax.process_index(), process_count=jax.process_count())
@@ -213,7 +214,6 @@ def _prepared_data(run, workdir: str):
   valid_src, valid_tgt, valid_pairs = _valid_pairs(run, tokenizer, valid_chunks)
   task, trainer, _ = build(run, workdir, valid_pairs=valid_pairs, tokenizers=tokenizers)
 
-  import jax
   process = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_split = corpus.split('train')
   # Rows rounded to the run's first layout (kept when resumed on another: training/elastic.py).
@@ -255,7 +255,6 @@ def _valid_pairs(run, tokenizer, valid_chunks):
 
 def _valid_batches(run, trainer, valid_src, valid_tgt, targets_length: int, **batch_kwargs):
   """One ordered pass over the held-out pairs, rows split over this mesh, targets cropped."""
-  from transformer_jax.parallel.sharding import data_parallel_size
   return span_corruption.CroppedTargets(
       batching.BucketedBatcher(valid_src, valid_tgt, seed=run.seed, shuffle=False,
                                multiple_of=data_parallel_size(trainer.mesh), **batch_kwargs),

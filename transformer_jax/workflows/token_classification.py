@@ -19,8 +19,11 @@ from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
+from transformer_jax.data import conll
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
+from transformer_jax.tasks.token_classification import TokenClassificationTask
+from transformer_jax.training.trainer import Trainer
 from transformer_jax.workflows import bert_init
 from transformer_jax.workflows.bert_sections import TAGGING_TASK, FineTuning, TaggingData
 
@@ -55,9 +58,6 @@ def load_labels(workdir: str) -> list[str] | None:
 def finetune(config, workdir: str) -> dict:
   """Fine-tunes (or resumes) a tagger to train.num_steps; returns the trainer's final metrics
   with 'dev_accuracy' (token accuracy over the dev words) and 'dev_accuracy_<tag>' per tag."""
-  from transformer_jax.data import conll
-  from transformer_jax.tasks.token_classification import TokenClassificationTask
-  from transformer_jax.training.trainer import Trainer
   run = validate(config)
   data = run.data
   train_sentences, dev_sentences = conll.read_conll(data.train), conll.read_conll(data.dev)

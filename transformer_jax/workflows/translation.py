@@ -28,20 +28,29 @@ line read the config once and pass the record down.
 
 import os
 
+import jax
+import numpy as np
+import sacrebleu
 from absl import logging
 
 from transformer_jax.cli import validation
 from transformer_jax.cli.workdir import save_config
 from transformer_jax.data import batching, packing, span_corruption, text
 from transformer_jax.data.numbers import make_numbers_splits
+from transformer_jax.data.tfds_text import load_tfds_parallel
 from transformer_jax.errors import ConfigError
 from transformer_jax.files import write_atomically
 from transformer_jax.model_config import model_config_from_dict
+from transformer_jax.parallel import sharding
 from transformer_jax.sections import Mesh, Train, section_of
+from transformer_jax.tasks.translation import TranslationTask
+from transformer_jax.training import trained_model
+from transformer_jax.training.checkpointing import average_params
 from transformer_jax.workflows.span_corruption import span_corruption_data, validate_span_corruption
 from transformer_jax.workflows.t5_init import (init_config, planned_config, resumed_config,
                                                start_state, write_init_tokenizer)
-from transformer_jax.workflows.translation_model import build, build_task, model_config
+from transformer_jax.workflows.translation_model import (build, build_task, load_tokenizers,
+                                                         model_config)
 from transformer_jax.workflows.translation_sections import WORKDIR, Translation
 
 # -- data ---------------------------------------------------------------------------------------
@@ -64,7 +73,6 @@ def load_split(config, prefix: str) -> tuple[list[str], list[str]]:
     src_path, tgt_path = text.find_parallel_files(data.dir, prefix, data.src_lang, data.tgt_lang)
     return text.read_parallel(src_path, tgt_path, skip_invalid_utf8=data.skip_invalid_utf8)
   if data.source == 'tfds':
-    from transformer_jax.data.tfds_text import load_tfds_parallel
     return load_tfds_parallel(data.tfds_name, prefix, data.src_lang, data.tgt_lang,
                               data_dir=data.tfds_data_dir or None)
   raise ConfigError(f"data.source must be 'files', 'tfds' or 'numbers', got {data.source!r}")
@@ -114,10 +122,6 @@ def abstract_task(config, num_devices: int | None = None):
   every batch, [rows, data.max_len rounded up to 8], with the segment ids and positions of
   both streams.
   """
-  import jax
-  import numpy as np
-  from transformer_jax.parallel import sharding
-  from transformer_jax.tasks.translation import TranslationTask
   run = planned_config(config)
   vocab = run.tokenizer.model_vocab_size
   model_cfg = model_config(run, vocab, vocab)
@@ -149,17 +153,16 @@ def make_batcher(config, trainer, src_tok, tgt_tok, pairs, *, train: bool):
   """Training (endless, shuffled) or evaluation (one ordered pass) batches of the pairs:
   length buckets, or with data.pack one shape of packed rows (validation too, so the eval
   step compiles once). Pairs longer than data.max_len are filtered or truncated either way."""
-  import jax
   run = Translation.of(config)
   data = run.data
   src_ids, tgt_ids, _ = batching.encode_pairs(src_tok, tgt_tok, pairs[0], pairs[1], data.max_len,
                                               data.overflow)
-  from transformer_jax.parallel.sharding import data_parallel_size
   # Training rows are rounded to the run's first layout, kept when it resumes on another
   # (training/elastic.py); evaluation's to this mesh.
-  kwargs = dict(batch_tokens=data.batch_tokens, seed=run.seed, shuffle=train,
-                multiple_of=trainer.batch_multiple if train else data_parallel_size(trainer.mesh),
-                process_index=jax.process_index(), process_count=jax.process_count())
+  kwargs = dict(
+      batch_tokens=data.batch_tokens, seed=run.seed, shuffle=train,
+      multiple_of=trainer.batch_multiple if train else sharding.data_parallel_size(trainer.mesh),
+      process_index=jax.process_index(), process_count=jax.process_count())
   if data.packed:
     batcher = packing.PackedBatcher(src_ids, tgt_ids, length=packing.row_length(data.max_len),
                                     **kwargs)
@@ -186,7 +189,6 @@ def padding_fraction(config, batcher, epoch: int = 0) -> float:
 
 
 def evaluate_test_set(config, workdir, task, mesh, params) -> dict:
-  import sacrebleu
   run = Translation.of(config)
   prefix = run.eval.test_prefix
   sources, references = load_split(run, prefix)
@@ -243,8 +245,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
 def choose_average(config, task, trainer, valid_pairs, results):
   """Params of the last checkpoint or the average of the last k, whichever has the better
   validation BLEU (the test set plays no part in the choice)."""
-  import sacrebleu
-  from transformer_jax.training.checkpointing import average_params
   run = Translation.of(config)
   steps = trainer.checkpointer.all_steps()[-run.eval.average_last:]
   if len(steps) < 2:
@@ -265,6 +265,11 @@ def choose_average(config, task, trainer, valid_pairs, results):
   return trainer.state.params, False
 
 
+def target_tokenizer(config, workdir: str):
+  """The target tokenizer a trained workdir saved: the one vocabulary of an export."""
+  return load_tokenizers(config, workdir)[1]
+
+
 def restore_for_inference(config, workdir: str):
   """The workdir's model for inference (`trained_model.TrainedModel`: task, params of the latest
   checkpoint, mesh); the params alone are read, and nothing is written.
@@ -272,7 +277,6 @@ def restore_for_inference(config, workdir: str):
   A fine-tuned workdir (init.*) is read with the model and tokenizer sections its training
   saved, whatever config is given: nothing of the init source is needed.
   """
-  from transformer_jax.training import trained_model
   run = validate(config)
   if run.init.kind:
     run = resumed_config(run, workdir)

@@ -19,6 +19,8 @@ from transformer_jax.data.t5_tokenizer import load_hf_t5_tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import TransformerConfig, model_config_from_dict
 from transformer_jax.sections import value_of
+from transformer_jax.tasks.translation import TranslationTask
+from transformer_jax.training.trainer import Trainer
 from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Translation
 
 # A translation workdir's joint SentencePiece model (init.workdir's is copied under this name),
@@ -131,7 +133,6 @@ def build_task(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tok
   """(task, (source tokenizer, target tokenizer)) for `config` (the model sized to the
   tokenizers, sentinels included); `tokenizers` = (source, target) from `load_tokenizers` if
   already loaded."""
-  from transformer_jax.tasks.translation import TranslationTask
   run = Translation.of(config)
   src_tok, tgt_tok = tokenizers or load_tokenizers(run, workdir, train_pairs)
   model_cfg = model_config(run, src_tok.vocab_size, tgt_tok.vocab_size)
@@ -146,7 +147,6 @@ def build_task(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tok
 
 def build(config, workdir: str, train_pairs=None, valid_pairs=((), ()), tokenizers=None):
   """Task, trainer and (source, target) tokenizers for `config`, as `build_task`."""
-  from transformer_jax.training.trainer import Trainer
   run = Translation.of(config)
   task, tokenizers = build_task(run, workdir, train_pairs, valid_pairs, tokenizers)
   return task, Trainer(run.config, task, workdir), tokenizers
