@@ -21,10 +21,8 @@ import dataclasses
 import os
 import tempfile
 
-import flax
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from transformer_jax.cli.workdir import CONFIG_FILE, load_saved_config
@@ -37,7 +35,7 @@ from transformer_jax.layers import scan_layout
 from transformer_jax.model_config import RUNTIME_FIELDS, TransformerConfig, model_section
 from transformer_jax.sections import section_of
 from transformer_jax.workflows.lm_sections import Data, Init
-from transformer_jax.workflows.params_overlay import overlay_params
+from transformer_jax.workflows.params_overlay import overlay_params, require_same_parameters
 
 # The tokenizer.type of a run that continues an imported model: its folder, taken as it is.
 TOKENIZER_TYPE = 'hf'
@@ -202,24 +200,6 @@ def imported_tokenizer(pretrained: Pretrained | None):
     yield path
 
 
-def _check_complete(params, imported: dict, hf_dir: str):
-  """One ConfigError naming a parameter that the model (`params`, the fresh state's) or the
-  import lacks, or whose shapes differ: every parameter is replaced, none is left at its random
-  initialisation."""
-  target = flax.traverse_util.flatten_dict(params)
-  source = flax.traverse_util.flatten_dict(imported)
-  for path in sorted(set(target) | set(source)):
-    name = '/'.join(path)
-    if path not in source:
-      raise ConfigError(f'init.hf_dir {hf_dir} has no parameter {name}, which the model needs')
-    if path not in target:
-      raise ConfigError(f'init.hf_dir {hf_dir} has parameter {name}, which the model lacks')
-    if tuple(np.shape(source[path])) != tuple(target[path].shape):
-      raise ConfigError(f'init.hf_dir {hf_dir} has {name} of shape '
-                        f'{tuple(np.shape(source[path]))} but the model needs '
-                        f'{tuple(target[path].shape)}')
-
-
 def start_state(trainer, train_data, pretrained: Pretrained):
   """The trainer's state: restored from the workdir's checkpoint, or at step 0 the fresh one
   with every param replaced by the imported model's (the optimizer's moments start at zero)."""
@@ -230,7 +210,7 @@ def start_state(trainer, train_data, pretrained: Pretrained):
   if params is None:  # resumed, but the checkpoints proved unreadable: step 0 after all
     params = hf_family(pretrained.hf_dir).load(pretrained.hf_dir).params
   params = scan_layout.for_layout(params, trainer.task.cfg.scan_layers)
-  _check_complete(state.params, params, pretrained.hf_dir)
+  require_same_parameters(state.params, params, f'init.hf_dir {pretrained.hf_dir}')
   return overlay_params(state, params)
 
 

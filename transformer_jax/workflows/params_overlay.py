@@ -37,3 +37,20 @@ def overlay_params(state, pretrained: dict):
   logging.info('initialised %d of %d parameter arrays from the pretrained model', replaced,
                len(target))
   return state.replace(params=flax.traverse_util.unflatten_dict(target))
+
+
+def require_same_parameters(model_params, loaded_params, source: str) -> None:
+  """One ConfigError naming a parameter that the model (`model_params`: arrays or shapes) or the
+  loaded params (read from `source`, e.g. "init.hf_dir DIR") lack, or whose shapes differ, so that
+  none is left at its random initialisation."""
+  want = flax.traverse_util.flatten_dict(model_params)
+  have = flax.traverse_util.flatten_dict(loaded_params)
+  for path in sorted(set(want) | set(have)):
+    name = '/'.join(path)
+    if path not in have:
+      raise ConfigError(f'{source} has no parameter {name}, which the model needs')
+    if path not in want:
+      raise ConfigError(f'{source} has parameter {name}, which the model lacks')
+    if tuple(np.shape(have[path])) != tuple(want[path].shape):
+      raise ConfigError(f'{source} has {name} of shape {tuple(np.shape(have[path]))} but the '
+                        f'model needs {tuple(want[path].shape)}')

@@ -28,7 +28,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 
 from transformer_jax.cli.workdir import load_saved_config
@@ -43,7 +42,7 @@ from transformer_jax.model_config import (RUNTIME_FIELDS, TransformerConfig, mod
 from transformer_jax.models import EncoderDecoder
 from transformer_jax.models.encoder_decoder import T5_V1_0_ARCHITECTURE
 from transformer_jax.training.checkpointing import restore_params_only
-from transformer_jax.workflows.params_overlay import overlay_params
+from transformer_jax.workflows.params_overlay import overlay_params, require_same_parameters
 from transformer_jax.workflows.translation_model import HF_TOKENIZER_DIR, SPM_MODEL, model_config
 from transformer_jax.workflows.translation_sections import HF_DIR, WORKDIR, Translation
 
@@ -267,17 +266,8 @@ def _check_fits(model_cfg: TransformerConfig, params, kind: str, path: str):
   cfg = model_cfg.replace(scan_layers=False)
   dummy = jnp.ones((1, 2), jnp.int32)
   shapes = jax.eval_shape(EncoderDecoder(cfg).init, jax.random.key(0), dummy, dummy)
-  want = flax.traverse_util.flatten_dict(flax.linen.meta.unbox(shapes['params']))
-  have = flax.traverse_util.flatten_dict(scan_layout.unstack_layers(params))
-  for name in sorted(set(want) | set(have)):
-    shown = '/'.join(name)
-    if name not in have:
-      raise ConfigError(f'init.{kind} {path} has no parameter {shown}, which the model needs')
-    if name not in want:
-      raise ConfigError(f'init.{kind} {path} has parameter {shown}, which the model lacks')
-    if tuple(np.shape(have[name])) != tuple(want[name].shape):
-      raise ConfigError(f'init.{kind} {path} has {shown} of shape {tuple(np.shape(have[name]))} '
-                        f'but the model needs {tuple(want[name].shape)}')
+  require_same_parameters(flax.linen.meta.unbox(shapes['params']),
+                          scan_layout.unstack_layers(params), f'init.{kind} {path}')
 
 
 def write_init_tokenizer(workdir: str, pretrained: Pretrained):
