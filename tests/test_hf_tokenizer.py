@@ -390,7 +390,9 @@ def test_gpt2_shakespeare_bpe_trains(tmp_path, tiny_shakespeare):
   assert again.vocab_size == 320
   train = lm.prepared_corpus(lm.sections_of(rerun), workdir).split('train')
   np.testing.assert_array_equal(train.tokens(0, len(train)), stream)
-  with pytest.raises(ConfigError, match="tokenizer.type must be 'char', 'sentencepiece' or"):
+  with pytest.raises(
+      ConfigError,
+      match="tokenizer.type must be 'char', 'sentencepiece', 'byte_bpe' or 'hf', got 'bpe'"):
     lm.sections_of(_tiny_bpe_config(tiny_shakespeare, **{'tokenizer.type': 'bpe'}))
 
 
