@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from test_lm_evaluate import (BPE_TEXT, _cli, _hf_causal_lm, _one_error_line, _snapshot,
+from test_lm_evaluate import (_cli, _one_error_line, _snapshot, save_random_causal_lm,
                               train_tiny_char_lm)
 
 from transformer_jax.data import lm as lm_data
@@ -112,19 +112,9 @@ def hf_lms(tmp_path_factory):
 
   def get(family):
     if family not in built:
-      torch = pytest.importorskip('torch')
-      transformers = pytest.importorskip('transformers')
-      from transformer_jax.data.hf_tokenizer import HFTokenizer
       from transformer_jax.workflows import lm
       folder = tmp_path_factory.mktemp(family)
-      tokenizer = HFTokenizer.train_byte_level_bpe(BPE_TEXT.split('. '), 300)
-      torch.manual_seed(0)
-      model = _hf_causal_lm(transformers, family, tokenizer.eos_id)
-      with torch.no_grad():  # a random model's logits are near-uniform: make them vary
-        for p in model.parameters():
-          p.add_(0.1 * torch.randn_like(p))
-      model.eval().save_pretrained(str(folder), safe_serialization=True)
-      tokenizer.save(str(folder))
+      save_random_causal_lm(folder, family)
       built[family] = (str(folder), *lm.load_hf_model(str(folder)))
     return built[family]
 

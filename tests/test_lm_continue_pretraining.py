@@ -19,6 +19,8 @@ import sys
 import numpy as np
 import pytest
 
+from test_lm_evaluate import _one_error_line
+
 pytestmark = [pytest.mark.parity, pytest.mark.slow]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,14 +203,6 @@ def _cli(*flags) -> subprocess.CompletedProcess:
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO_ROOT, env.get('PYTHONPATH')]))
   return subprocess.run([sys.executable, '-m', 'experiments.lm', *flags], cwd=REPO_ROOT, env=env,
                         capture_output=True, text=True, timeout=600, check=False)
-
-
-def _one_error_line(result) -> str:
-  assert result.returncode == 1, result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
-  errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
-  assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr
-  return errors[0]
 
 
 def test_init_errors_are_one_line_before_anything_is_written(tmp_path):

@@ -247,21 +247,30 @@ def _hf_causal_lm(transformers, family: str, eos_id: int):
                              pad_token_id=299, **common))
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize('family', ['gpt2', 'llama', 'opt'])
-def test_hf_bits_per_byte_matches_transformers_logits(family, tmp_path):
+def save_random_causal_lm(folder, family: str):
+  """Saves into `folder` a random `_hf_causal_lm` of `family` (weights perturbed so that its
+  logits vary) and a byte-level BPE trained on BPE_TEXT, as transformers writes them; returns
+  (the torch model, in eval mode, and the tokenizer)."""
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
   from transformer_jax.data.hf_tokenizer import HFTokenizer
-  from transformer_jax.workflows import lm
   tokenizer = HFTokenizer.train_byte_level_bpe(BPE_TEXT.split('. '), 300)
   torch.manual_seed(0)
   model = _hf_causal_lm(transformers, family, tokenizer.eos_id)
   with torch.no_grad():  # a random model's logits are near-uniform: make them vary
     for p in model.parameters():
       p.add_(0.1 * torch.randn_like(p))
-  model.eval().save_pretrained(str(tmp_path / family), safe_serialization=True)
-  tokenizer.save(str(tmp_path / family))
+  model.eval().save_pretrained(str(folder), safe_serialization=True)
+  tokenizer.save(str(folder))
+  return model, tokenizer
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize('family', ['gpt2', 'llama', 'opt'])
+def test_hf_bits_per_byte_matches_transformers_logits(family, tmp_path):
+  torch = pytest.importorskip('torch')
+  from transformer_jax.workflows import lm
+  model, tokenizer = save_random_causal_lm(tmp_path / family, family)
   text_path = tmp_path / 'text.txt'
   text_path.write_text(BPE_TEXT, encoding='utf-8')
 
